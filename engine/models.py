@@ -114,11 +114,15 @@ def resolve_model_path(model: str | os.PathLike[str]) -> tuple[str, Path | str]:
             raise ValueError(f"model dir {local} has no config.json; expected a Hugging Face model directory")
         return local.resolve().name, local.resolve()
     if local.exists():
-        raise ValueError(f"model path {local} is a file; pass a Hugging Face model directory or a registry name")
+        raise ValueError(
+            f"model path {local} is a file; pass a Hugging Face model directory or a registry name"
+        )
     if name.count("/") == 1 and not name.startswith((".", "/")):
         return name, name  # hub id: transformers downloads it when the machine is online
     known = ", ".join(sorted(REGISTRY))
-    raise ValueError(f"unknown model {name!r}: use a registry name ({known}), a local HF model dir, or a hub id")
+    raise ValueError(
+        f"unknown model {name!r}: use a registry name ({known}), a local HF model dir, or a hub id"
+    )
 
 
 @contextlib.contextmanager
@@ -190,7 +194,6 @@ def _plain_copy(model: Any) -> Any:
 
 def load_model(model: str | os.PathLike[str] = DEFAULT_MODEL, dtype: str = "float32") -> LoadedModel:
     """Load a causal LM + tokenizer for inference (eval mode, no grad)."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = parse_dtype(dtype)
@@ -206,8 +209,21 @@ def parse_dtype(dtype: str) -> Any:
     """'float32' | 'bfloat16' -> torch dtype, with a clear error for anything else."""
     import torch
 
-    allowed = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    allowed = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+    }
     try:
         return allowed[str(dtype).lower()]
     except KeyError:
         raise ValueError(f"unsupported dtype {dtype!r}; use 'float32' or 'bfloat16'") from None
+
+
+def load_tokenizer(model: str | os.PathLike[str] = DEFAULT_MODEL) -> Any:
+    """Just the tokenizer of a model (converts a registry model on first use, like load_model)."""
+    from transformers import AutoTokenizer
+
+    _, source = resolve_model_path(model)
+    return AutoTokenizer.from_pretrained(source)

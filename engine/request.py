@@ -1,0 +1,119 @@
+"""A generation request's lifetime state, and the results and events it produces."""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from engine.detokenizer import Detokenizer
+from engine.kv import KVBuffer
+from engine.sampling import SamplingParams
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+_ids = itertools.count(1)
+
+
+@dataclass
+class GenerationResult:
+    """A finished generation. ``text`` and ``token_ids`` hold the completion only.
+
+    ``ttft_s`` runs from submission to the first token (queue wait included; ``queue_s`` says how much
+    of it was waiting); ``total_s`` to the last.
+    """
+
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    total_s: float
+    finish_reason: str
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    request_id: str = ""
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean time per output token after the first."""
+        n = len(self.token_ids) - 1
+        return (self.total_s - self.ttft_s) / n if n > 0 else 0.0
+
+
+@dataclass
+class StreamEvent:
+    """One step of a stream. The first event carries ``ttft_s``, ``cached_tokens`` and ``prompt_tokens``;
+    the last carries ``finish_reason`` and the full ``result``."""
+
+    text: str
+    token_ids: list[int]
+    request_id: str
+    ttft_s: float | None = None
+    cached_tokens: int | None = None
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None
+    result: GenerationResult | None = None
+
+
+class EngineError(RuntimeError):
+    """A request failed inside the engine; the engine itself keeps serving."""
+
+
+class QueueFullError(RuntimeError):
+    """The bounded request queue is full; retry after ``retry_after_s``."""
+
+    def __init__(self, depth: int, retry_after_s: float = 1.0) -> None:
+        super().__init__(f"request queue is full ({depth} waiting); retry later")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class Request:
+    """Everything the worker tracks for one request, from queue to finish."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    namespace: str
+    detok: Detokenizer
+    eos_ids: frozenset[int]
+    id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    arrival: float = field(default_factory=time.perf_counter)
+    events: queue.SimpleQueue[StreamEvent | BaseException] = field(default_factory=queue.SimpleQueue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    # set by the worker
+    buffer: KVBuffer | None = None
+    node: Any = None  # locked cache node
+    cached_tokens: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    generator: Any = None
+    started: float = 0.0
+    first_token_at: float = 0.0
+    prefill_s: float = 0.0
+    max_new_tokens: int = 0
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def result(self, finish_reason: str) -> GenerationResult:
+        now = time.perf_counter()
+        return GenerationResult(
+            text=self.detok.text,
+            token_ids=list(self.output_ids),
+            prompt_tokens=len(self.prompt_ids),
+            cached_tokens=self.cached_tokens,
+            ttft_s=(self.first_token_at or now) - self.arrival,
+            total_s=now - self.arrival,
+            finish_reason=finish_reason,
+            queue_s=(self.started or now) - self.arrival,
+            prefill_s=self.prefill_s,
+            request_id=self.id,
+        )

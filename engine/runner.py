@@ -1,0 +1,89 @@
+"""ModelRunner: the forward passes. Prefill of an uncached suffix, decode of one token, logits only where needed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from engine.kv import KVBuffer
+
+log = logging.getLogger(__name__)
+
+
+def prefix_reuse_blocker(config: Any) -> str | None:
+    """Why this model's KV cache cannot be reused safely across requests, or None if it can.
+
+    Reuse is exact only for full (global) causal attention with position-independent stored K/V.
+    Sliding-window and hybrid / recurrent (linear-attention, SSM) layers keep state that a prefix
+    match cannot reconstruct, so caching is turned off for them rather than risking wrong output.
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "is_encoder_decoder", False):
+        return "encoder-decoder models are not supported for prefix reuse"
+    layer_types = getattr(text, "layer_types", None) or []
+    unusual = sorted({t for t in layer_types if t != "full_attention"})
+    if unusual:
+        return f"layer types {unusual} keep state a prefix match cannot rebuild"
+    window = getattr(text, "sliding_window", None)
+    if window and getattr(text, "use_sliding_window", True):
+        return f"sliding-window attention (window {window})"
+    for attr in ("attention_chunk_size", "mamba_expand", "ssm_state_size", "linear_conv_kernel_dim"):
+        if getattr(text, attr, None):
+            return f"config.{attr} indicates non-standard attention state"
+    return None
+
+
+class ModelRunner:
+    """Runs a Hugging Face causal LM for one sequence at a time over a :class:`KVBuffer`.
+
+    Example:
+        >>> runner = ModelRunner(loaded.model)               # doctest: +SKIP
+        >>> buf = runner.new_buffer(capacity=2048)           # doctest: +SKIP
+        >>> logits = runner.prefill([1, 2, 3], buf)          # [vocab], last position only
+        >>> logits = runner.decode_step(int(logits.argmax()), buf)
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.config = model.config
+        text = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        self.num_layers = int(text.num_hidden_layers)
+        self.vocab_size = int(text.vocab_size)
+        self.max_context = int(
+            getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None) or 2048
+        )
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+
+    def new_buffer(self, capacity: int) -> KVBuffer:
+        return KVBuffer(self.num_layers, capacity)
+
+    @torch.inference_mode()
+    def forward(self, token_ids: Sequence[int], buffer: KVBuffer) -> torch.Tensor:
+        """Extend ``buffer`` with ``token_ids``; return float32 logits of the last position ``[vocab]``."""
+        if len(token_ids) == 0:
+            raise ValueError("forward needs at least one token")
+        past = buffer.length
+        if past + len(token_ids) > self.max_context:
+            raise ValueError(f"sequence of {past + len(token_ids)} tokens exceeds the model's {self.max_context}")
+        # input_ids / position_ids: [1, S]
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        positions = torch.arange(past, past + len(token_ids), device=self.device).unsqueeze(0)
+        out = self.model(
+            input_ids=input_ids, position_ids=positions, cache=buffer, use_cache=True, logits_to_keep=1
+        )
+        return out.logits[0, -1].float()
+
+    def prefill(self, token_ids: Sequence[int], buffer: KVBuffer) -> torch.Tensor:
+        """Prefill the uncached suffix (``buffer`` already holds the cached prefix)."""
+        return self.forward(token_ids, buffer)
+
+    def decode_step(self, token_id: int, buffer: KVBuffer) -> torch.Tensor:
+        return self.forward((token_id,), buffer)
+
+    def decode_batch(self, token_ids: Sequence[int], buffers: Sequence[KVBuffer]) -> list[torch.Tensor]:
+        """One decode step for several sequences (one forward each: HF attention has no ragged batch)."""
+        return [self.decode_step(t, b) for t, b in zip(token_ids, buffers)]

@@ -1,0 +1,72 @@
+import pytest
+import torch
+
+from engine.kv import KVBuffer, KVSegment
+
+
+def _seg(n: int, layers: int = 3, heads: int = 2, dim: int = 4, offset: float = 0.0) -> KVSegment:
+    base = torch.arange(layers * heads * n * dim, dtype=torch.float32).view(layers, heads, n, dim) + offset
+    return KVSegment(base, -base)
+
+
+def test_segment_slices_are_views_and_copy_owns_memory():
+    seg = _seg(10)
+    view = seg[2:5]
+    assert len(view) == 3
+    assert view.keys.data_ptr() != 0 and view.keys.untyped_storage().data_ptr() == seg.keys.untyped_storage().data_ptr()
+    owned = view.copy()
+    assert owned.keys.is_contiguous()
+    assert owned.keys.untyped_storage().nbytes() == owned.keys.numel() * 4  # no larger buffer kept alive
+    torch.testing.assert_close(owned.keys, seg.keys[:, :, 2:5])
+
+
+def test_nbytes_is_exact():
+    seg = _seg(7, layers=30, heads=3, dim=64)
+    assert seg.nbytes == 2 * 30 * 3 * 7 * 64 * 4
+    assert seg[0:1].nbytes == 2 * 30 * 3 * 64 * 4
+
+
+@pytest.mark.parametrize("bad", [slice(0, 4, 2), 3])
+def test_segment_rejects_non_contiguous_index(bad):
+    with pytest.raises(TypeError):
+        _seg(5)[bad]
+
+
+def test_load_prefix_concatenates_segments_in_order():
+    a, b = _seg(3), _seg(4, offset=1000.0)
+    buf = KVBuffer(num_layers=3, capacity=4)  # too small on purpose: must grow
+    assert buf.load_prefix([a, b]) == 7
+    assert buf.length == 7
+    whole = buf.segment(0, 7)
+    torch.testing.assert_close(whole.keys, KVSegment.concat([a, b]).keys)
+    torch.testing.assert_close(whole.values, KVSegment.concat([a, b]).values)
+    k, _ = buf.stores()
+    assert buf.layers[1].keys.shape == (1, 2, 7, 4)
+    torch.testing.assert_close(buf.layers[1].keys[0], k[1, 0, :, :7])
+
+
+def test_update_appends_in_place_and_grows():
+    buf = KVBuffer(num_layers=2, capacity=2)
+    for step in range(5):
+        for layer in range(2):
+            k = torch.full((1, 2, 1, 4), float(step))
+            keys, values = buf.update(k, -k, layer)
+            assert keys.shape == (1, 2, step + 1, 4)
+    assert buf.length == 5
+    assert buf.capacity >= 5
+    torch.testing.assert_close(buf.segment(0, 5).keys[0, 0, :, 0], torch.arange(5.0))
+
+
+def test_segment_bounds_checked():
+    buf = KVBuffer(num_layers=3, capacity=8)
+    buf.load_prefix([_seg(3)])
+    with pytest.raises(ValueError, match="outside"):
+        buf.segment(0, 4)
+
+
+def test_truncate():
+    buf = KVBuffer(num_layers=3, capacity=8)
+    buf.load_prefix([_seg(6)])
+    buf.truncate(2)
+    assert buf.length == 2
+    assert buf.get_seq_length() == 2

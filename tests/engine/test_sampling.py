@@ -1,0 +1,66 @@
+import pytest
+import torch
+
+from engine.sampling import SamplingParams, apply_repetition_penalty, sample
+
+
+def test_greedy_is_argmax():
+    logits = torch.tensor([0.1, 3.0, 2.9, -1.0])
+    assert sample(logits, SamplingParams(temperature=0.0)) == 1
+
+
+def test_top_k_one_is_greedy_even_with_temperature():
+    logits = torch.tensor([0.1, 3.0, 2.9, -1.0])
+    assert sample(logits, SamplingParams(temperature=1.5, top_k=1)) == 1
+
+
+def test_seed_makes_sampling_reproducible():
+    logits = torch.randn(1000)
+    params = SamplingParams(temperature=1.0, seed=7)
+    first = [sample(logits, params, g) for g in [params.make_generator()] for _ in range(20)]
+    again = [sample(logits, params, g) for g in [params.make_generator()] for _ in range(20)]
+    assert first == again
+    assert len(set(first)) > 1
+
+
+def test_top_k_restricts_support():
+    logits = torch.arange(100, dtype=torch.float32)
+    params = SamplingParams(temperature=5.0, top_k=3, seed=0)
+    gen = params.make_generator()
+    assert {sample(logits, params, gen) for _ in range(200)} <= {97, 98, 99}
+
+
+def test_top_p_keeps_the_nucleus():
+    logits = torch.log(torch.tensor([0.6, 0.3, 0.05, 0.05]))
+    params = SamplingParams(temperature=1.0, top_p=0.8, seed=0)
+    gen = params.make_generator()
+    assert {sample(logits, params, gen) for _ in range(300)} == {0, 1}
+
+
+def test_repetition_penalty_pushes_seen_tokens_down():
+    logits = torch.tensor([2.0, 1.9, -1.0])
+    out = apply_repetition_penalty(logits, [0, 2], 2.0)
+    torch.testing.assert_close(out, torch.tensor([1.0, 1.9, -2.0]))
+    assert sample(logits, SamplingParams(repetition_penalty=2.0), history=[0]) == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_tokens": 0},
+        {"temperature": -0.1},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"top_k": -1},
+        {"repetition_penalty": 0.0},
+        {"stop": [""]},
+        {"stop": ["x"] * 17},
+    ],
+)
+def test_invalid_params_are_rejected(kwargs):
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)
+
+
+def test_single_stop_string_is_wrapped():
+    assert SamplingParams(stop="END").stop == ["END"]

@@ -1,5 +1,25 @@
 """engine: the only layer that runs model forward passes (torch / transformers)."""
 
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.kv import KVBuffer, KVSegment
 from engine.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer, prefixrag_home
+from engine.request import EngineError, GenerationResult, QueueFullError, StreamEvent
+from engine.sampling import SamplingParams
 
-__all__ = ["DEFAULT_MODEL", "LoadedModel", "load_model", "load_tokenizer", "prefixrag_home"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "GenerationResult",
+    "KVBuffer",
+    "KVSegment",
+    "LoadedModel",
+    "QueueFullError",
+    "SamplingParams",
+    "StreamEvent",
+    "load_model",
+    "load_tokenizer",
+    "prefixrag_home",
+]

@@ -47,6 +47,24 @@ def fused_unsupported_reason(model: Any) -> str | None:
     return None
 
 
+def calibrate_row_padding(weight: torch.Tensor, limit: int = 16) -> list[int]:
+    """For each row count m < limit, the smallest m' >= m whose matmul rows equal a large batch's.
+
+    BLAS picks a different kernel for a few rows (GEMV for 1, special cases for 2-3, ...) whose rounding
+    differs from the blocked GEMM. Padding every matmul's rows to an "invariant" count makes a token's
+    result independent of how many other rows share the call: decode of 8 concurrent requests equals
+    8 sequential decodes bit for bit, and a cached-prefix suffix prefill equals the full prefill.
+    """
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, weight.shape[1], generator=gen).to(weight.dtype)
+    reference = F.linear(x, weight)
+    invariant = [m for m in range(1, limit) if torch.equal(F.linear(x[:m], weight), reference[:m])]
+    table = []
+    for m in range(limit):
+        table.append(next((c for c in invariant if c >= m), limit) if m else 0)
+    return table
+
+
 @dataclass
 class _Layer:
     in_norm: torch.Tensor
@@ -91,6 +109,7 @@ class FusedLlamaRunner:
         self.rotary = inner.rotary_emb
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim**-0.5))
         self.layers = [self._fuse(layer) for layer in inner.layers]
+        self.row_padding = calibrate_row_padding(self.layers[0].wqkv)
 
     @staticmethod
     def _fuse(layer: Any) -> _Layer:
@@ -156,6 +175,20 @@ class FusedLlamaRunner:
         cos, sin = self.rotary(self.embed[:1], positions.unsqueeze(0))
         return cos[0].unsqueeze(1), sin[0].unsqueeze(1)
 
+    def _rows(self, n: int) -> int:
+        return self.row_padding[n] if n < len(self.row_padding) else n
+
+    def _padded_ids(self, token_ids: Sequence[int]) -> torch.Tensor:
+        ids = list(token_ids)
+        ids += [0] * (self._rows(len(ids)) - len(ids))
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    @staticmethod
+    def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+        if x.shape[0] >= rows:
+            return x
+        return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])])
+
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self._norm(x, self.final_norm), self.lm_head).float()
 
@@ -171,51 +204,52 @@ class FusedLlamaRunner:
             raise ValueError(f"sequence of {past + s} tokens exceeds the model's {self.max_context}")
         buffer.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
         buffer.reserve(past + s)
-        ids = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)
-        x = F.embedding(ids, self.embed)  # [S, hidden]
-        cos, sin = self._rotary(torch.arange(past, past + s, device=self.device))
+        ids = self._padded_ids(token_ids)  # [S'] >= S rows, see calibrate_row_padding
+        x = F.embedding(ids, self.embed)  # [S', hidden]
+        positions = torch.arange(past, past + len(ids), device=self.device)
+        cos, sin = self._rotary(positions)
         k_store, v_store = buffer.stores()
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
-            k_store[i, 0, :, past : past + s] = k.transpose(0, 1)
-            v_store[i, 0, :, past : past + s] = v.transpose(0, 1)
-            attn = self._attend(q, k_store[i, :, :, : past + s], v_store[i, :, :, : past + s], past)
-            x = x + F.linear(attn, layer.wo)
+            k_store[i, 0, :, past : past + s] = k[:s].transpose(0, 1)
+            v_store[i, 0, :, past : past + s] = v[:s].transpose(0, 1)
+            attn = self._attend(q[:s], k_store[i, :, :, : past + s], v_store[i, :, :, : past + s], past)
+            x = x + F.linear(self._pad_rows(attn, len(ids)), layer.wo)
             x = x + self._mlp(layer, x)
         buffer.set_length(past + s)
-        return self._logits(x[-1:])[0]
+        return self._logits(self._pad_rows(x[s - 1 : s], self._rows(1)))[0]
 
     def prefill(self, token_ids: Sequence[int], buffer: KVBuffer) -> torch.Tensor:
         return self.forward(token_ids, buffer)
 
     def decode_step(self, token_id: int, buffer: KVBuffer) -> torch.Tensor:
-        return self.forward((token_id,), buffer)
+        return self.decode_batch([token_id], [buffer])[0]
 
     @torch.inference_mode()
     def decode_batch(self, token_ids: Sequence[int], buffers: Sequence[KVBuffer]) -> list[torch.Tensor]:
         """One token for each of B sequences: shared matmuls, attention per sequence."""
-        if len(token_ids) == 1:
-            return [self.decode_step(token_ids[0], buffers[0])]
         pasts = [b.length for b in buffers]
         for b, p in zip(buffers, pasts):
             if p + 1 > self.max_context:
                 raise ValueError(f"sequence of {p + 1} tokens exceeds the model's {self.max_context}")
             b.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
             b.reserve(p + 1)
-        ids = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)
-        x = F.embedding(ids, self.embed)  # [B, hidden]
-        cos, sin = self._rotary(torch.tensor(pasts, device=self.device))
+        batch = len(token_ids)
+        ids = self._padded_ids(token_ids)  # [B'] >= B rows
+        x = F.embedding(ids, self.embed)  # [B', hidden]
+        positions = torch.tensor(pasts + [0] * (len(ids) - batch), device=self.device)
+        cos, sin = self._rotary(positions)
         stores = [b.stores() for b in buffers]
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)  # [B, H, D], [B, KVH, D]
+            q, k, v = self._qkv(layer, x, cos, sin)  # [B', H, D], [B', KVH, D]
             outs = []
             for j, (k_store, v_store) in enumerate(stores):
                 p = pasts[j]
                 k_store[i, 0, :, p] = k[j]
                 v_store[i, 0, :, p] = v[j]
                 outs.append(self._attend(q[j : j + 1], k_store[i, :, :, : p + 1], v_store[i, :, :, : p + 1], p))
-            x = x + F.linear(torch.cat(outs), layer.wo)
+            x = x + F.linear(self._pad_rows(torch.cat(outs), len(ids)), layer.wo)
             x = x + self._mlp(layer, x)
         for b, p in zip(buffers, pasts):
             b.set_length(p + 1)
-        return list(self._logits(x))
+        return list(self._logits(x)[:batch])

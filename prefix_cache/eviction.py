@@ -1,8 +1,9 @@
 """Eviction policies: one small strategy class each, with one method, `priority(node)`.
 
-The cache evicts the unlocked leaf with the lowest priority first. A priority may only grow while a
-node sits in the tree (on access, on a split), which lets the cache keep a lazy heap: a stale entry is
-re-pushed with the current priority when it surfaces.
+The cache evicts the unlocked leaf with the lowest priority first. A priority must be a function of
+the node's own fields (access time, hits, clock, size, depth): the cache keeps a lazy heap and re-queues
+a leaf whenever those change (creation, access, split, unlock, its last child evicted); entries that
+went stale are skipped or re-queued when they surface.
 """
 
 from __future__ import annotations

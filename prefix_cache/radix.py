@@ -310,7 +310,7 @@ class RadixCache:
                 continue  # gone, no longer a leaf, or locked: its entry is stale
             current = priority(node)
             if current != prio:
-                self._push(node, current)  # accessed since it was pushed
+                self._push(node, current)  # stale entry (the node changed since); requeue at its priority
                 continue
             freed += self._remove_leaf(node)
             self._clock = max(self._clock, prio)
@@ -487,6 +487,8 @@ class RadixCache:
             node.clock = clock
             if hit:
                 node.hit_count += 1
+        if path and not path[-1].children and path[-1].lock_ref == 0:
+            self._push(path[-1])  # only the path's end can be a leaf; its priority just changed
 
     def _account_new(self, node: TreeNode) -> None:
         c = node.tree.counters

@@ -21,14 +21,21 @@ class EngineConfig(BaseModel):
 
     model: str = DEFAULT_MODEL
     dtype: Literal["float32", "bfloat16"] = "float32"
-    cache_bytes: int = Field(default=1 << 30, ge=0, description="prefix-cache byte budget; 0 disables caching")
+    cache_bytes: int = Field(
+        default=1 << 30, ge=0, description="prefix-cache byte budget; 0 disables caching"
+    )
     enable_prefix_cache: bool = True
     page_size: int = Field(default=1, ge=1)
-    eviction: Literal["lru", "cost"] = "lru"
+    eviction: Literal["lru", "gdsf"] = "lru"
     runner: Literal["auto", "fast", "hf"] = Field(
-        default="auto", description="'fast': fused Llama-family runner with batched decode; 'hf': transformers forward"
+        default="auto",
+        description="'fast': fused Llama-family runner with batched decode; 'hf': transformers forward",
     )
     max_waiting: int = Field(default=256, ge=1, description="bounded queue; more raises QueueFullError")
-    max_running: int = Field(default=8, ge=1, description="requests decoding concurrently (batched on 'fast')")
+    max_running: int = Field(
+        default=8, ge=1, description="requests decoding concurrently (batched on 'fast')"
+    )
     aging_rate: float = Field(default=2000.0, ge=0, description="tokens of priority gained per second waited")
-    num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (default: all cores)")
+    num_threads: int | None = Field(
+        default=None, ge=1, description="torch intra-op threads (default: all cores)"
+    )

@@ -14,7 +14,8 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
@@ -46,7 +47,9 @@ class Engine:
         ...     print(ev.text, end="")
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, model_id: str, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, *, model_id: str, config: EngineConfig | None = None
+    ) -> None:
         self.config = config or EngineConfig(model=model_id)
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
@@ -59,7 +62,9 @@ class Engine:
             log.warning("prefix caching turned off for %s: %s", model_id, blocker)
             self.caching = False
         self.cache = RadixCache(
-            capacity_bytes=self.config.cache_bytes, page_size=self.config.page_size, eviction=self.config.eviction
+            capacity_bytes=self.config.cache_bytes,
+            page_size=self.config.page_size,
+            policy=self.config.eviction,
         )
         self.eos_ids = _eos_ids(model, tokenizer)
         self.scheduler = Scheduler(self._probe, self.config.max_waiting, self.config.aging_rate)
@@ -86,13 +91,17 @@ class Engine:
         model: str = DEFAULT_MODEL,
         *,
         cache_bytes: int = 1 << 30,
-        dtype: str = "float32",
+        dtype: Literal["float32", "bfloat16"] = "float32",
         enable_prefix_cache: bool = True,
         **options: Any,
     ) -> Engine:
         """Load a registry model, local HF dir or hub id; ``options`` are any EngineConfig fields."""
         config = EngineConfig(
-            model=str(model), cache_bytes=cache_bytes, dtype=dtype, enable_prefix_cache=enable_prefix_cache, **options
+            model=str(model),
+            cache_bytes=cache_bytes,
+            dtype=dtype,
+            enable_prefix_cache=enable_prefix_cache,
+            **options,
         )
         return cls.from_config(config)
 
@@ -110,6 +119,10 @@ class Engine:
         """Token ids for a prompt: text, ids, or chat messages (rendered with the chat template)."""
         if isinstance(prompt, str):
             return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+        if not isinstance(prompt, (list, tuple)):
+            raise ValueError(
+                f"prompt must be a string, a list of token ids, or a list of chat messages, got {type(prompt).__name__}"
+            )
         items = list(prompt)
         if items and all(isinstance(m, dict) for m in items):
             return self._render_chat(items)
@@ -245,7 +258,9 @@ class Engine:
         """Longest cached prefix, capped so at least one prompt token is computed; locked for the request."""
         if not self.caching:
             return _NO_MATCH
-        match = self.cache.match_prefix(req.prompt_ids, namespace=req.namespace, max_length=len(req.prompt_ids) - 1)
+        match = self.cache.match_prefix(
+            req.prompt_ids, namespace=req.namespace, max_length=len(req.prompt_ids) - 1
+        )
         self.cache.lock(match.node)
         req.node = match.node
         return match
@@ -261,7 +276,8 @@ class Engine:
             return
         t0 = time.perf_counter()
         try:
-            logits = self.runner.decode_batch([r.output_ids[-1] for r in live], [r.buffer for r in live])
+            buffers = [r.buffer for r in live if r.buffer is not None]
+            logits = self.runner.decode_batch([r.output_ids[-1] for r in live], buffers)
         except Exception as exc:  # a batch failure fails its members, not the engine
             for req in live:
                 self._fail(req, exc)
@@ -312,7 +328,9 @@ class Engine:
         try:
             if self.caching and buf is not None and buf.length and reason != "error":
                 # the KV of prompt + completion (the last sampled token was never fed) for the next turn
-                self.cache.insert(req.all_ids[: buf.length], buf.segment(0, buf.length), namespace=req.namespace)
+                self.cache.insert(
+                    req.all_ids[: buf.length], buf.segment(0, buf.length), namespace=req.namespace
+                )
         finally:
             self._release(req)
         tail = req.detok.flush() if reason != "cancelled" else ""
@@ -397,10 +415,11 @@ class Engine:
         return list(self.tokenizer.encode(text, add_special_tokens=True))
 
 
+@dataclass(frozen=True)
 class _NoMatch:
-    length = 0
-    values: list[Any] = []
-    node = None
+    length: int = 0
+    values: tuple[Any, ...] = ()
+    node: Any = None
 
 
 _NO_MATCH = _NoMatch()

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv import KVBuffer
+from engine.runner import prefix_reuse_blocker
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
 
@@ -29,6 +30,9 @@ def fused_unsupported_reason(model: Any) -> str | None:
     config = model.config
     if config.model_type not in SUPPORTED_TYPES:
         return f"model_type {config.model_type!r} not in {sorted(SUPPORTED_TYPES)}"
+    blocker = prefix_reuse_blocker(config)
+    if blocker:
+        return blocker  # e.g. sliding windows: only transformers' own masks get those right
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r}"
     if getattr(config, "pretraining_tp", 1) != 1:
@@ -144,7 +148,9 @@ class FusedLlamaRunner:
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 
-    def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _qkv(
+        self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         # x: [T, hidden] -> q [T, H, D], k/v [T, KVH, D] (rope applied to q and k)
         qkv = F.linear(self._norm(x, layer.in_norm), layer.wqkv, layer.bqkv)
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
@@ -164,10 +170,14 @@ class FusedLlamaRunner:
         if s == 1:
             out = F.scaled_dot_product_attention(qh, keys, values, scale=self.scale, enable_gqa=True)
         elif past == 0:
-            out = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, scale=self.scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                qh, keys, values, is_causal=True, scale=self.scale, enable_gqa=True
+            )
         else:  # causal with an offset: query i sees keys [0, past + i]
             mask = torch.ones(s, past + s, dtype=torch.bool, device=q.device).tril(diagonal=past)
-            out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                qh, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
+            )
         return out[0].transpose(0, 1).reshape(s, -1)
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,7 +257,9 @@ class FusedLlamaRunner:
                 p = pasts[j]
                 k_store[i, 0, :, p] = k[j]
                 v_store[i, 0, :, p] = v[j]
-                outs.append(self._attend(q[j : j + 1], k_store[i, :, :, : p + 1], v_store[i, :, :, : p + 1], p))
+                outs.append(
+                    self._attend(q[j : j + 1], k_store[i, :, :, : p + 1], v_store[i, :, :, : p + 1], p)
+                )
             x = x + F.linear(self._pad_rows(torch.cat(outs), len(ids)), layer.wo)
             x = x + self._mlp(layer, x)
         for b, p in zip(buffers, pasts):

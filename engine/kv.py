@@ -31,7 +31,9 @@ class KVSegment:
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         if keys.dim() != 4 or values.dim() != 4 or keys.shape[2] != values.shape[2]:
-            raise ValueError(f"KVSegment needs [layers, heads, tokens, dim] tensors, got {keys.shape} / {values.shape}")
+            raise ValueError(
+                f"KVSegment needs [layers, heads, tokens, dim] tensors, got {keys.shape} / {values.shape}"
+            )
         self.keys = keys
         self.values = values
 
@@ -222,4 +224,7 @@ class KVBuffer(Cache):
     def nbytes(self) -> int:
         if self.k_store is None or self.v_store is None:
             return 0
-        return self.k_store.numel() * self.k_store.element_size() + self.v_store.numel() * self.v_store.element_size()
+        return (
+            self.k_store.numel() * self.k_store.element_size()
+            + self.v_store.numel() * self.v_store.element_size()
+        )

@@ -68,7 +68,9 @@ class ModelRunner:
             raise ValueError("forward needs at least one token")
         past = buffer.length
         if past + len(token_ids) > self.max_context:
-            raise ValueError(f"sequence of {past + len(token_ids)} tokens exceeds the model's {self.max_context}")
+            raise ValueError(
+                f"sequence of {past + len(token_ids)} tokens exceeds the model's {self.max_context}"
+            )
         # input_ids / position_ids: [1, S]
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         positions = torch.arange(past, past + len(token_ids), device=self.device).unsqueeze(0)

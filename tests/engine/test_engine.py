@@ -65,7 +65,11 @@ def test_next_turn_hits_prompt_and_completion(engine):
     ns = "multiturn"
     turn1 = _chat("What is the secret code?")
     r1 = engine.generate(turn1, GREEDY, namespace=ns)
-    turn2 = [*turn1, {"role": "assistant", "content": r1.text}, {"role": "user", "content": "And who leads it?"}]
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": r1.text},
+        {"role": "user", "content": "And who leads it?"},
+    ]
     r2 = engine.generate(turn2, GREEDY, namespace=ns)
     assert r2.cached_tokens >= r1.prompt_tokens  # the first turn's prompt, at least, was reused
 

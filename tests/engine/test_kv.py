@@ -13,7 +13,10 @@ def test_segment_slices_are_views_and_copy_owns_memory():
     seg = _seg(10)
     view = seg[2:5]
     assert len(view) == 3
-    assert view.keys.data_ptr() != 0 and view.keys.untyped_storage().data_ptr() == seg.keys.untyped_storage().data_ptr()
+    assert (
+        view.keys.data_ptr() != 0
+        and view.keys.untyped_storage().data_ptr() == seg.keys.untyped_storage().data_ptr()
+    )
     owned = view.copy()
     assert owned.keys.is_contiguous()
     assert owned.keys.untyped_storage().nbytes() == owned.keys.numel() * 4  # no larger buffer kept alive
@@ -50,7 +53,7 @@ def test_update_appends_in_place_and_grows():
     for step in range(5):
         for layer in range(2):
             k = torch.full((1, 2, 1, 4), float(step))
-            keys, values = buf.update(k, -k, layer)
+            keys, _ = buf.update(k, -k, layer)
             assert keys.shape == (1, 2, step + 1, 4)
     assert buf.length == 5
     assert buf.capacity >= 5

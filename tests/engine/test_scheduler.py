@@ -9,7 +9,13 @@ from engine.scheduler import Scheduler
 
 
 def _req(ids, arrival=None):
-    r = Request(prompt_ids=list(ids), params=SamplingParams(), namespace="", detok=Detokenizer(None), eos_ids=frozenset())
+    r = Request(
+        prompt_ids=list(ids),
+        params=SamplingParams(),
+        namespace="",
+        detok=Detokenizer(None),
+        eos_ids=frozenset(),
+    )
     if arrival is not None:
         r.arrival = arrival
     return r

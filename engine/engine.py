@@ -234,19 +234,22 @@ class Engine:
             self._fail(req, EngineError("engine closed"))
 
     def _start(self, req: Request) -> None:
-        req.started = time.perf_counter()
+        req.started = clock = time.perf_counter()
         if req.cancelled.is_set():
             self._finish(req, "cancelled")
             return
         ids = req.prompt_ids
         req.max_new_tokens = min(req.params.max_tokens, self.max_context - len(ids))
         match = self._match(req)
+        clock = req.phase("match", clock)
         req.buffer = self.runner.new_buffer(len(ids) + min(req.max_new_tokens, 512))
-        req.buffer.load_prefix(match.values)
-        req.cached_tokens = match.length
+        req.cached_tokens = req.buffer.load_prefix(match.values)
+        clock = req.phase("load", clock)
         logits = self.runner.prefill(ids[match.length :], req.buffer)
+        clock = req.phase("prefill", clock)
         if self.caching:
             self.cache.insert(ids, req.buffer.segment(0, len(ids)), namespace=req.namespace)
+        req.phase("insert", clock)
         req.prefill_s = time.perf_counter() - req.started
         self._counters["prefill_s"] += req.prefill_s
         req.generator = req.params.make_generator()

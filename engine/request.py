@@ -35,6 +35,7 @@ class GenerationResult:
     queue_s: float = 0.0
     prefill_s: float = 0.0
     request_id: str = ""
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: match, load, prefill, insert
 
     @property
     def completion_tokens(self) -> int:
@@ -98,6 +99,13 @@ class Request:
     first_token_at: float = 0.0
     prefill_s: float = 0.0
     max_new_tokens: int = 0
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def phase(self, name: str, since: float) -> float:
+        """Record the time since ``since`` under ``name``; return now."""
+        now = time.perf_counter()
+        self.phases[name] = now - since
+        return now
 
     @property
     def all_ids(self) -> list[int]:
@@ -116,4 +124,5 @@ class Request:
             queue_s=(self.started or now) - self.arrival,
             prefill_s=self.prefill_s,
             request_id=self.id,
+            phases=dict(self.phases),
         )

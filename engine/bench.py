@@ -169,7 +169,9 @@ def _batched_decode(engine: Engine, prompts: list[Any], n: int) -> dict[str, Any
             engine.generate(p, SamplingParams(max_tokens=1), namespace="batch")  # prefill out of the way
         results: list[Any] = []
         threads = [
-            threading.Thread(target=lambda p=p: results.append(engine.generate(p, params, namespace="batch")))
+            threading.Thread(
+                target=lambda p=p, out=results: out.append(engine.generate(p, params, namespace="batch"))
+            )
             for p in prompts[:batch]
         ]
         t0 = time.perf_counter()

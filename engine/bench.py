@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -67,7 +67,7 @@ def _ttft(engine: Engine, prompt: Any, namespace: str) -> tuple[float, Any]:
 
 def run_engine_bench(
     model: str = DEFAULT_MODEL,
-    dtype: str = "float32",
+    dtype: Literal["float32", "bfloat16"] = "float32",
     repeats: int = 5,
     decode_tokens: int = 48,
     context_tokens: int = 1500,

@@ -60,7 +60,7 @@ class RemoteEngine:
             return list(
                 self.tokenizer.apply_chat_template(items, add_generation_prompt=True, return_dict=False)
             )
-        return [int(t) for t in items]
+        return [t for t in items if isinstance(t, int)]
 
     def generate(
         self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
@@ -119,8 +119,9 @@ class RemoteEngine:
         items = list(prompt)
         if items and all(isinstance(m, dict) for m in items):
             return "/v1/chat/completions", {**body, "messages": items}
-        if items and all(isinstance(t, int) for t in items):
-            return "/v1/completions", {**body, "prompt": [int(t) for t in items]}
+        ids = [t for t in items if isinstance(t, int) and not isinstance(t, bool)]
+        if items and len(ids) == len(items):
+            return "/v1/completions", {**body, "prompt": ids}
         raise ValueError("prompt must be a string, a list of token ids, or a list of chat messages")
 
     def _events(self, path: str, body: dict[str, Any]) -> Iterator[StreamEvent]:

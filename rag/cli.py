@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -35,6 +37,34 @@ def demo(model: str = typer.Option("smollm2-135m-instruct", help="registry name 
     text = loaded.tokenizer.decode(gen[0, input_ids.shape[1] :], skip_special_tokens=True)
     console.print(f"[bold]Q:[/] {messages[0]['content']}\n[bold]A:[/] {text}")
     console.print(f"TTFT {ttft * 1000:.0f} ms (first token {loaded.tokenizer.decode([int(first)])!r})")
+
+
+@app.command()
+def serve(
+    host: str = typer.Option(None, help="interface to listen on (env PREFIXRAG_HOST; default 127.0.0.1)"),
+    port: int = typer.Option(None, help="TCP port (env PREFIXRAG_PORT; default 8000)"),
+    index: Path = typer.Option(
+        None, "--index", help="document index directory, loaded and saved (env PREFIXRAG_INDEX_DIR)"
+    ),
+    model: str = typer.Option(None, help="registry name or HF model dir (env PREFIXRAG_ENGINE__MODEL)"),
+    log_level: str = typer.Option("info", help="uvicorn log level"),
+) -> None:
+    """Serve the HTTP API (OpenAI-compatible routes, /v1/ask, documents, metrics) and the web page."""
+    from pydantic import ValidationError
+
+    from rag.api.server import serve as run_server
+    from rag.api.settings import Settings
+
+    overrides: dict[str, Any] = {"host": host, "port": port, "index_dir": index}
+    if model:
+        overrides["engine"] = {"model": model}  # merged into PREFIXRAG_ENGINE__* values
+    try:
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        console.print(f"[red]invalid settings:[/] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"serving [bold]{settings.engine.model}[/] on http://{settings.host}:{settings.port}")
+    run_server(settings, log_level=log_level)
 
 
 @app.command()

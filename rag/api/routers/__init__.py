@@ -1,0 +1,1 @@
+"""One APIRouter per file; rag.api.app includes them."""

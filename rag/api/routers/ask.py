@@ -1,0 +1,72 @@
+"""POST /v1/ask: a question answered from the document index (JSON, or server-sent events)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from rag.api.bridge import SSE_HEADERS, ClosingStreamingResponse
+from rag.api.deps import PrincipalDep, ServicesDep, SettingsDep
+from rag.api.errors import ERROR_RESPONSES, api_error
+from rag.api.rag_stream import AskRun, ask_frames
+from rag.api.schemas.rag import AskRequest, AskResponse
+from rag.api.settings import Settings
+
+router = APIRouter(prefix="/v1", tags=["rag"], responses=ERROR_RESPONSES)
+
+_SSE_DOC: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "JSON, or with stream=true server-sent events: sources, delta..., usage, timings, done",
+        "content": {"text/event-stream": {}},
+    }
+}
+
+
+@router.post("/ask", response_model=AskResponse, responses=_SSE_DOC)
+async def ask(
+    body: AskRequest, request: Request, services: ServicesDep, settings: SettingsDep, principal: PrincipalDep
+) -> Any:
+    """Retrieve, rerank, answer. The tenant is the cache namespace; ``usage.cached_tokens`` says how much of
+    the prompt came from the prefix cache."""
+    question, top_k = _validate(body, settings)
+    pipeline = services.ready_pipeline()
+    run = await AskRun.start(
+        services, pipeline, question, top_k=top_k, max_tokens=body.max_tokens, namespace=principal.namespace()
+    )
+    if body.stream:
+        return ClosingStreamingResponse(ask_frames(run), media_type="text/event-stream", headers=SSE_HEADERS)
+    answer = await run.collect(request)
+    if answer is None:
+        return Response(status_code=499)
+    return answer
+
+
+def _validate(body: AskRequest, settings: Settings) -> tuple[str, int | None]:
+    question = body.question.strip()
+    if not question:
+        raise api_error(422, "question is empty (only whitespace)", param="question", code="question_empty")
+    if len(body.question) > settings.max_question_chars:
+        raise api_error(
+            422,
+            f"question is too long: {len(body.question)} characters (at most {settings.max_question_chars})",
+            param="question",
+            code="question_too_long",
+        )
+    if "\x00" in question:
+        raise api_error(422, "question contains a NUL character", param="question", code="invalid_characters")
+    if body.top_k is not None and not 1 <= body.top_k <= settings.max_top_k:
+        raise api_error(
+            422,
+            f"top_k must be between 1 and {settings.max_top_k}, got {body.top_k}",
+            param="top_k",
+            code="top_k_out_of_range",
+        )
+    if body.max_tokens is not None and body.max_tokens > settings.max_tokens_limit:
+        raise api_error(
+            422,
+            f"max_tokens={body.max_tokens} exceeds this server's limit of {settings.max_tokens_limit}",
+            param="max_tokens",
+            code="max_tokens_too_large",
+        )
+    return question, body.top_k

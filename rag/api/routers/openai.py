@@ -1,0 +1,168 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models (the engine, prefix-cached)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from rag.api.bridge import SSE_HEADERS, ClosingStreamingResponse
+from rag.api.deps import EngineDep, PrincipalDep, ServicesDep, SettingsDep
+from rag.api.errors import ERROR_RESPONSES, api_error
+from rag.api.generation import Generation
+from rag.api.openai_compat import (
+    chat_messages,
+    check_chat,
+    check_completion,
+    completion_prompt,
+    sampling_params,
+)
+from rag.api.schemas.openai import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    Usage,
+    new_id,
+    now,
+)
+from rag.api.services import Services
+from rag.api.sse import chat_frames, completion_frames, guarded, openai_error_frames
+
+router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
+
+_SSE_DOC: dict[int | str, dict[str, Any]] = {
+    200: {"description": "JSON, or server-sent events with stream=true", "content": {"text/event-stream": {}}}
+}
+_COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, responses=_SSE_DOC)
+async def chat_completions(
+    body: ChatCompletionRequest,
+    request: Request,
+    services: ServicesDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+    engine: EngineDep,
+) -> Any:
+    """Chat completion over the prefix-cached engine; ``usage.prompt_tokens_details.cached_tokens``
+    says how much of the prompt was reused."""
+    model = _check_model(services, body.model)
+    check_chat(body)
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    params = sampling_params(
+        body, settings, max_tokens=max_tokens, default_max_tokens=settings.default_max_tokens
+    )
+    messages = chat_messages(body.messages, settings)
+    prompt = _chat_prompt(services, messages)
+    gen = await Generation.start(
+        services, "chat", prompt, params, namespace=principal.namespace(body.cache_salt)
+    )
+    cid, created = new_id("chatcmpl"), now()
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        frames = chat_frames(gen, chunk_id=cid, created=created, model=model, include_usage=include_usage)
+        return ClosingStreamingResponse(
+            guarded(frames, gen, openai_error_frames), media_type="text/event-stream", headers=SSE_HEADERS
+        )
+    result = await gen.collect(request)
+    if result is None:
+        return Response(status_code=499)
+    return ChatCompletion(
+        id=cid,
+        created=created,
+        model=model,
+        choices=[
+            ChatChoice(
+                message=AssistantMessage(content=result.text), finish_reason=_finish(result.finish_reason)
+            )
+        ],
+        usage=Usage.of(result.prompt_tokens, result.cached_tokens, result.completion_tokens),
+    )
+
+
+@router.post("/completions", response_model=Completion, responses=_SSE_DOC)
+async def completions(
+    body: CompletionRequest,
+    request: Request,
+    services: ServicesDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+    engine: EngineDep,
+) -> Any:
+    """Text completion; ``prompt`` may be a string or token ids (one prompt per request)."""
+    model = _check_model(services, body.model)
+    check_completion(body)
+    params = sampling_params(
+        body, settings, max_tokens=body.max_tokens, default_max_tokens=_COMPLETIONS_DEFAULT_MAX_TOKENS
+    )
+    prompt = completion_prompt(body)
+    gen = await Generation.start(
+        services, "completions", prompt, params, namespace=principal.namespace(body.cache_salt)
+    )
+    cid, created = new_id("cmpl"), now()
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        frames = completion_frames(
+            gen, chunk_id=cid, created=created, model=model, include_usage=include_usage
+        )
+        return ClosingStreamingResponse(
+            guarded(frames, gen, openai_error_frames), media_type="text/event-stream", headers=SSE_HEADERS
+        )
+    result = await gen.collect(request)
+    if result is None:
+        return Response(status_code=499)
+    return Completion(
+        id=cid,
+        created=created,
+        model=model,
+        choices=[CompletionChoice(text=result.text, finish_reason=_finish(result.finish_reason))],
+        usage=Usage.of(result.prompt_tokens, result.cached_tokens, result.completion_tokens),
+    )
+
+
+@router.get("/models", response_model=ModelList)
+async def list_models(services: ServicesDep, principal: PrincipalDep, engine: EngineDep) -> ModelList:
+    created = services.started_at
+    return ModelList(data=[ModelCard(id=name, created=created) for name in services.model_names()])
+
+
+@router.get("/models/{model_id:path}", response_model=ModelCard)
+async def get_model(
+    model_id: str, services: ServicesDep, principal: PrincipalDep, engine: EngineDep
+) -> ModelCard:
+    if model_id not in services.model_names():
+        raise api_error(404, f"the model {model_id!r} does not exist", param="model", code="model_not_found")
+    return ModelCard(id=model_id, created=services.started_at)
+
+
+def _check_model(services: Services, requested: str | None) -> str:
+    """The engine's model id; a request naming another model gets 404, as OpenAI answers."""
+    names = services.model_names()
+    if requested is not None and requested not in names:
+        raise api_error(
+            404,
+            f"the model {requested!r} does not exist; this server serves {', '.join(map(repr, names))}",
+            param="model",
+            code="model_not_found",
+        )
+    return names[0]
+
+
+def _chat_prompt(services: Services, messages: list[dict[str, str]]) -> Any:
+    """Token ids from the pipeline's segment-wise assembler when there is one (so each turn's prefix
+    tokenizes identically and hits the cache), else the messages for the engine's chat template."""
+    assemble = getattr(services.pipeline, "assemble_messages", None)
+    if assemble is None:
+        return messages
+    return list(assemble(messages).token_ids)
+
+
+def _finish(reason: str) -> str:
+    return reason if reason in ("stop", "length") else "stop"

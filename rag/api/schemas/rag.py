@@ -1,0 +1,92 @@
+"""Bodies of the RAG routes: /v1/ask and /v1/documents."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AskRequest(BaseModel):
+    """``{"question": ..., "top_k"?: int, "stream"?: bool}``; limits come from the settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1, description="the question (at most `max_question_chars`)")
+    top_k: int | None = Field(default=None, description="chunks to retrieve (1..`max_top_k`)")
+    stream: bool = False
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="answer length cap (default: the pipeline's)"
+    )
+
+
+class SourceOut(BaseModel):
+    doc_id: str
+    chunk_id: str
+    score: float
+    text: str
+
+
+class AskUsage(BaseModel):
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TimingsOut(BaseModel):
+    retrieve_ms: float
+    rerank_ms: float
+    ttft_ms: float
+    total_ms: float
+
+
+class AskResponse(BaseModel):
+    id: str
+    object: Literal["answer"] = "answer"
+    model: str
+    text: str
+    sources: list[SourceOut]
+    usage: AskUsage
+    timings: TimingsOut
+
+
+class DocumentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(
+        default=None, min_length=1, max_length=256, description="default: derived from the text"
+    )
+    text: str = Field(min_length=1)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class DocumentsIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    documents: list[DocumentIn] = Field(min_length=1)
+
+
+class AddedDocuments(BaseModel):
+    object: Literal["list"] = "list"
+    ids: list[str]
+    count: int
+
+
+class DocumentOut(BaseModel):
+    id: str
+    object: Literal["document"] = "document"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    text: str | None = None
+    chunks: int | None = None
+
+
+class DocumentList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[DocumentOut]
+
+
+class DeletedDocument(BaseModel):
+    id: str
+    object: Literal["document"] = "document"
+    deleted: bool = True

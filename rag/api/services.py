@@ -1,0 +1,131 @@
+"""Services: what the routers work with (engine, pipeline, key ring, metrics, limits), built once per app.
+
+The engine (and pipeline) are either injected (tests, embedding apps) or built from the settings in a
+background thread at startup, so the server answers /healthz at once and /readyz turns 200 when the
+model is loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+import anyio
+
+from engine import Engine
+from rag.api.auth import KeyRing
+from rag.api.errors import ServiceUnavailable
+from rag.api.limits import Admission
+from rag.api.metrics import Metrics
+from rag.api.settings import Settings
+
+log = logging.getLogger(__name__)
+
+State = Literal["loading", "ready", "failed"]
+
+
+class Services:
+    """Shared state of one app instance.
+
+    Example:
+        >>> services = Services(Settings(), engine=my_engine)     # doctest: +SKIP
+        >>> services.ready_engine().model_id                       # doctest: +SKIP
+        'smollm2-135m-instruct'
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        engine: Any = None,
+        pipeline: Any = None,
+        engine_factory: Callable[[], Any] | None = None,
+        pipeline_factory: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.started_at = int(time.time())
+        self.keys = KeyRing(
+            settings.api_keys,
+            admin_key=settings.admin_key.get_secret_value() if settings.admin_key else None,
+            admin_tenant=settings.admin_tenant,
+        )
+        self.pipeline = pipeline
+        self.engine = engine if engine is not None else getattr(pipeline, "engine", None)
+        self._owns_engine = self.engine is None
+        self._engine_factory = engine_factory or (lambda: Engine.from_config(settings.engine))
+        self._pipeline_factory = pipeline_factory
+        self.admission = Admission(settings.max_inflight, retry_after_s=settings.retry_after_s)
+        self.metrics = Metrics(engine_stats=self._engine_stats)
+        self.metrics.in_flight.set_function(lambda: self.admission.in_flight)
+        # worker threads for blocking engine / pipeline calls; admission keeps their number bounded
+        self.limiter = anyio.CapacityLimiter(settings.max_inflight + 8)
+        self.write_lock = threading.Lock()  # document writes and index saves, one at a time
+        self.error: str | None = None
+        self._loaded = threading.Event()
+        if self.engine is not None and (pipeline is not None or pipeline_factory is None):
+            self._loaded.set()
+        self._loader: threading.Thread | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    @property
+    def state(self) -> State:
+        if self.error is not None:
+            return "failed"
+        return "ready" if self._loaded.is_set() else "loading"
+
+    def start(self) -> None:
+        """Load whatever was not injected, in a background thread (idempotent)."""
+        if self._loaded.is_set() or self._loader is not None:
+            return
+        self._loader = threading.Thread(target=self._load, name="prefixrag-loader", daemon=True)
+        self._loader.start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._loaded.wait(timeout)
+
+    def close(self) -> None:
+        if self._loader is not None:
+            self._loader.join(timeout=300)
+        if self._owns_engine and self.engine is not None:
+            self.engine.close()
+
+    def _load(self) -> None:
+        try:
+            if self.engine is None:
+                log.info("loading model %s", self.settings.engine.model)
+                self.engine = self._engine_factory()
+            if self.pipeline is None and self._pipeline_factory is not None:
+                self.pipeline = self._pipeline_factory(self.engine)
+            self._loaded.set()
+            log.info("ready: %s", getattr(self.engine, "model_id", "?"))
+        except Exception as exc:  # reported by /readyz; requests get 503
+            log.exception("loading failed")
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    # ---- accessors routers use ----------------------------------------------------------------
+    def ready_engine(self) -> Any:
+        if self.error is not None:
+            raise ServiceUnavailable(f"the model failed to load: {self.error}", retry_after_s=None)
+        if self.engine is None or not self._loaded.is_set():
+            raise ServiceUnavailable("the model is still loading; retry shortly")
+        return self.engine
+
+    def ready_pipeline(self) -> Any:
+        self.ready_engine()
+        if self.pipeline is None:
+            raise ServiceUnavailable("no document pipeline is configured on this server", retry_after_s=None)
+        return self.pipeline
+
+    def model_names(self) -> list[str]:
+        engine = self.engine
+        names = [engine.model_id] if engine is not None else []
+        return names + [a for a in self.settings.served_model_aliases if a not in names]
+
+    def _engine_stats(self) -> dict[str, Any] | None:
+        if self.engine is None or not self._loaded.is_set():
+            return None
+        stats: dict[str, Any] = self.engine.stats()
+        return stats

@@ -1,0 +1,115 @@
+"""Service settings: every knob of the HTTP layer, plus the engine's config, from ``PREFIXRAG_*`` env vars."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from engine.config import EngineConfig
+
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$")
+
+
+class Settings(BaseSettings):
+    """What `create_app` needs. Nested configs read ``PREFIXRAG_ENGINE__CACHE_BYTES``-style variables.
+
+    Example:
+        >>> s = Settings(api_keys={"sk-alice": "alice"}, max_inflight=8)
+        >>> s.auth_enabled, s.max_inflight
+        (True, 8)
+
+    From the environment (dicts are JSON)::
+
+        PREFIXRAG_API_KEYS='{"sk-alice": "alice", "sk-bob": "bob"}'
+        PREFIXRAG_ADMIN_KEY=sk-admin
+        PREFIXRAG_ENGINE__CACHE_BYTES=536870912
+        PREFIXRAG_INDEX_DIR=/srv/prefixrag/index
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="PREFIXRAG_", env_nested_delimiter="__", extra="ignore", protected_namespaces=()
+    )
+
+    # where to listen (used by `prefixrag serve`)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+
+    # what to serve
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    index_dir: Path | None = Field(
+        default=None, description="where the document index lives; loaded at start, saved after each change"
+    )
+    served_model_aliases: list[str] = Field(
+        default_factory=list, description="extra model names the OpenAI routes accept besides the engine's"
+    )
+
+    # tenancy and auth
+    api_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description="bearer key -> tenant; when set, every /v1 route needs one of these keys",
+    )
+    admin_key: SecretStr | None = Field(
+        default=None, description="bearer key for admin routes (cache reset); also a valid tenant key"
+    )
+    admin_tenant: str = "admin"
+
+    # limits
+    max_body_bytes: int = Field(default=8 << 20, ge=1024, description="larger request bodies get 413")
+    max_inflight: int = Field(default=64, ge=1, description="concurrent generations; more get 429")
+    retry_after_s: int = Field(default=1, ge=1, description="Retry-After seconds on a 429 from the API cap")
+    max_question_chars: int = Field(default=4000, ge=1)
+    max_top_k: int = Field(default=20, ge=1)
+    default_max_tokens: int = Field(default=256, ge=1, description="when a request names no max_tokens")
+    max_tokens_limit: int = Field(default=2048, ge=1, description="larger max_tokens get 400")
+    max_messages: int = Field(default=256, ge=1)
+    max_documents_per_request: int = Field(default=1000, ge=1)
+
+    # pages
+    enable_ui: bool = True
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, keys: dict[str, str]) -> dict[str, str]:
+        for key, tenant in keys.items():
+            if len(key) < 8:
+                raise ValueError("every API key needs at least 8 characters")
+            if not _TENANT.match(tenant):
+                raise ValueError(
+                    f"tenant {tenant!r} must be 1-64 characters of letters, digits and ._@:- (starting alphanumeric)"
+                )
+        return keys
+
+    @field_validator("admin_tenant")
+    @classmethod
+    def _check_admin_tenant(cls, tenant: str) -> str:
+        if not _TENANT.match(tenant):
+            raise ValueError(f"admin_tenant {tenant!r} must be 1-64 characters of letters, digits and ._@:-")
+        return tenant
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> Settings:
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError(
+                f"default_max_tokens ({self.default_max_tokens}) exceeds max_tokens_limit ({self.max_tokens_limit})"
+            )
+        admin = self.admin_key.get_secret_value() if self.admin_key else None
+        if admin is not None and len(admin) < 8:
+            raise ValueError("admin_key needs at least 8 characters")
+        if admin is not None and admin in self.api_keys:
+            raise ValueError("admin_key must differ from every tenant key")
+        return self
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Tenant keys are configured: /v1 routes need a bearer key."""
+        return bool(self.api_keys)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read from the environment once (a FastAPI dependency; override it in tests)."""
+    return Settings()

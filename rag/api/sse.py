@@ -1,0 +1,112 @@
+"""Server-sent events: OpenAI's ``data: {...}\\n\\n`` frames, ``data: [DONE]``, and named events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
+
+import anyio
+
+from engine.request import EngineError, QueueFullError, StreamEvent
+from rag.api.errors import error_body
+from rag.api.generation import Generation
+from rag.api.schemas.openai import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    Completion,
+    CompletionChoice,
+    Delta,
+    Usage,
+)
+
+DONE = "data: [DONE]\n\n"
+
+
+def data(payload: Any) -> str:
+    """One SSE frame carrying JSON."""
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def event(name: str, payload: Any) -> str:
+    """A named SSE event (``event: sources``), for the RAG stream."""
+    return f"event: {name}\n{data(payload)}"
+
+
+def stream_error(exc: BaseException) -> dict[str, Any]:
+    """The error object sent in-band once a stream has started (its status is already 200)."""
+    if isinstance(exc, QueueFullError):
+        return error_body(429, str(exc), code="queue_full")
+    if isinstance(exc, ValueError):
+        return error_body(400, str(exc), code="invalid_value")
+    if isinstance(exc, EngineError):
+        return error_body(500, f"generation failed: {exc}", type="server_error", code="engine_error")
+    return error_body(
+        500, "internal server error (see the server log)", type="server_error", code="internal_error"
+    )
+
+
+async def guarded(
+    frames: AsyncIterator[str], gen: Generation, on_error: Callable[[BaseException], list[str]]
+) -> AsyncGenerator[str, None]:
+    """Pass frames through; an error mid-stream becomes in-band frames; a disconnect is counted."""
+    try:
+        async for frame in frames:
+            yield frame
+    except anyio.get_cancelled_exc_class():
+        gen.services.metrics.disconnects.labels(gen.endpoint).inc()
+        raise
+    except Exception as exc:
+        for frame in on_error(exc):
+            yield frame
+
+
+async def chat_frames(
+    gen: Generation, *, chunk_id: str, created: int, model: str, include_usage: bool
+) -> AsyncGenerator[str, None]:
+    """OpenAI chat.completion.chunk frames: role first, content deltas, finish, [usage], [DONE]."""
+
+    def chunk(delta: Delta | None, finish: str | None = None, usage: Usage | None = None) -> str:
+        choices = [] if delta is None else [ChatChunkChoice(delta=delta, finish_reason=finish)]
+        body = ChatCompletionChunk(id=chunk_id, created=created, model=model, choices=choices, usage=usage)
+        return data(body.model_dump(exclude={"usage"} if not include_usage else set()))
+
+    yield chunk(Delta(role="assistant", content=""))
+    async for ev in gen.events():
+        if ev.text:
+            yield chunk(Delta(content=ev.text))
+        if ev.result is not None:
+            yield chunk(Delta(), finish=_finish(ev))
+            if include_usage:
+                r = ev.result
+                yield chunk(None, usage=Usage.of(r.prompt_tokens, r.cached_tokens, r.completion_tokens))
+    yield DONE
+
+
+async def completion_frames(
+    gen: Generation, *, chunk_id: str, created: int, model: str, include_usage: bool
+) -> AsyncGenerator[str, None]:
+    """OpenAI text_completion frames: text deltas, finish, [usage], [DONE]."""
+
+    def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
+        body = Completion(id=chunk_id, created=created, model=model, choices=choices, usage=usage)
+        return data(body.model_dump(exclude={"usage"} if not include_usage else set()))
+
+    async for ev in gen.events():
+        if ev.text:
+            yield chunk([CompletionChoice(text=ev.text)])
+        if ev.result is not None:
+            yield chunk([CompletionChoice(text="", finish_reason=_finish(ev))])
+            if include_usage:
+                r = ev.result
+                yield chunk([], usage=Usage.of(r.prompt_tokens, r.cached_tokens, r.completion_tokens))
+    yield DONE
+
+
+def openai_error_frames(exc: BaseException) -> list[str]:
+    return [data(stream_error(exc)), DONE]
+
+
+def _finish(ev: StreamEvent) -> str:
+    reason = ev.finish_reason or "stop"
+    return reason if reason in ("stop", "length") else "stop"

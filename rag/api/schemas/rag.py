@@ -78,7 +78,8 @@ class DocumentOut(BaseModel):
     object: Literal["document"] = "document"
     metadata: dict[str, Any] = Field(default_factory=dict)
     text: str | None = None
-    chunks: int | None = None
+    chunks: int | None = Field(default=None, description="number of chunks indexed")
+    chars: int | None = Field(default=None, description="length of the text")
 
 
 class DocumentList(BaseModel):

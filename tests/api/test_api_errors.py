@@ -1,0 +1,127 @@
+"""Bad input gets the right 4xx with a clear JSON message in OpenAI's shape; the server keeps serving."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from rag.api import Settings
+from tests.api.helpers import assert_error
+
+CHAT = "/v1/chat/completions"
+OK_CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def server(serve, engine):
+    with serve(
+        Settings(max_body_bytes=64 * 1024, max_tokens_limit=64, default_max_tokens=8), engine=engine
+    ) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("path", "content", "status", "code", "contains"),
+    [
+        (CHAT, b'{"messages": [', 400, "invalid_json", "not valid JSON"),
+        (CHAT, b"not json at all", 400, "invalid_json", "not valid JSON"),
+        (CHAT, b"{}", 422, "missing", "messages"),
+        (CHAT, b'{"messages": []}', 422, "too_short", "messages"),
+        (CHAT, b'{"messages": "hello"}', 422, None, "messages"),
+        (CHAT, b'{"messages": [{"role": "wizard", "content": "hi"}]}', 422, None, "role"),
+        (
+            CHAT,
+            b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 5}',
+            422,
+            None,
+            "temperature",
+        ),
+        (
+            CHAT,
+            b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}',
+            422,
+            None,
+            "max_tokens",
+        ),
+        (
+            CHAT,
+            b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 65}',
+            400,
+            None,
+            "limit of 64",
+        ),
+        (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "n": 3}', 400, None, "n=1"),
+        (CHAT, b'{"messages": [{"role": "tool", "content": "x"}]}', 400, None, "tool"),
+        (CHAT, b'{"messages": [{"role": "user"}]}', 400, None, "no content"),
+        (
+            CHAT,
+            b'{"messages": [{"role": "user", "content": "hi"}], "stream_options": {}}',
+            400,
+            None,
+            "stream=true",
+        ),
+        ("/v1/completions", b'{"prompt": ["a", "b"]}', 400, None, "batched"),
+        ("/v1/completions", b'{"prompt": []}', 400, None, "empty"),
+        ("/v1/completions", b'{"prompt": [99999999]}', 400, None, "out of range"),
+        ("/v1/completions", b'{"prompt": "hi", "echo": true}', 400, None, "echo"),
+    ],
+)
+def test_bad_json_bodies(http, path, content, status, code, contains):
+    reply = http.post(path, content=content, headers={"content-type": "application/json"})
+    err = assert_error(reply, status, code=code, contains=contains)
+    assert err["type"] == "invalid_request_error"
+
+
+def test_validation_error_names_the_parameter(http):
+    reply = http.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}], "top_p": 0})
+    err = assert_error(reply, 422)
+    assert err["param"] == "top_p"
+
+
+def test_prompt_longer_than_the_context_is_a_400(http, engine):
+    words = "lorem ipsum " * (engine.max_context // 2 + 100)
+    reply = http.post(CHAT, json={"messages": [{"role": "user", "content": words}], "max_tokens": 4})
+    assert_error(reply, 400, contains="context")
+
+
+def test_unknown_route_and_method(http):
+    assert_error(http.get("/v1/nothing-here"), 404, code="route_not_found")
+    assert_error(http.get(CHAT), 405, code="method_not_allowed")
+
+
+def test_oversize_body_declared_and_chunked(http):
+    big = b'{"messages": [{"role": "user", "content": "' + b"x" * (70 * 1024) + b'"}]}'
+    assert_error(
+        http.post(CHAT, content=big, headers={"content-type": "application/json"}),
+        413,
+        code="request_too_large",
+    )
+
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        for i in range(0, len(big), 8192):
+            yield big[i : i + 8192]
+
+    reply = http.post(CHAT, content=chunks(), headers={"content-type": "application/json"})
+    assert_error(reply, 413, code="request_too_large")
+
+
+def test_server_keeps_serving_after_bad_input(http):
+    for _ in range(3):
+        http.post(CHAT, content=b"{", headers={"content-type": "application/json"})
+    reply = http.post(CHAT, json=OK_CHAT)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"]
+    assert http.get("/healthz").json() == {"status": "ok"}
+
+
+def test_openapi_documents_the_error_shape(http):
+    spec = http.get("/openapi.json").json()
+    responses = spec["paths"][CHAT]["post"]["responses"]
+    assert responses["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+    assert "429" in responses and "401" in responses

@@ -38,21 +38,20 @@ def test_full_engine_queue_is_429_with_retry_after(serve, tight_engine):
     eng = tight_engine
     with serve(Settings(), engine=eng) as srv:
         url = srv.url + "/v1/chat/completions"
-        with httpx.Client(timeout=60) as a, httpx.Client(timeout=60) as b:
-            with a.stream("POST", url, json=_stream_body()) as running:
-                running_lines = running.iter_lines()
-                _first_data(running_lines)
-                with b.stream("POST", url, json=_stream_body()) as waiting:
-                    waiting_lines = waiting.iter_lines()
-                    _first_data(waiting_lines)
-                    assert wait_until(lambda: eng.stats()["waiting"] == 1 and eng.stats()["running"] == 1)
-                    reply = httpx.post(url, json={"messages": STORY, "max_tokens": 4}, timeout=60)
-                    err = assert_error(reply, 429, code="queue_full")
-                    assert err["type"] == "rate_limit_error"
-                    assert int(reply.headers["retry-after"]) >= 1
-                    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-                    with pytest.raises(openai.RateLimitError):
-                        client.chat.completions.create(model=eng.model_id, messages=STORY, max_tokens=4)
+        with httpx.stream("POST", url, json=_stream_body(), timeout=60) as running:
+            running_lines = running.iter_lines()
+            _first_data(running_lines)
+            with httpx.stream("POST", url, json=_stream_body(), timeout=60) as waiting:
+                waiting_lines = waiting.iter_lines()
+                _first_data(waiting_lines)
+                assert wait_until(lambda: eng.stats()["waiting"] == 1 and eng.stats()["running"] == 1)
+                reply = httpx.post(url, json={"messages": STORY, "max_tokens": 4}, timeout=60)
+                err = assert_error(reply, 429, code="queue_full")
+                assert err["type"] == "rate_limit_error"
+                assert int(reply.headers["retry-after"]) >= 1
+                client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+                with pytest.raises(openai.RateLimitError):
+                    client.chat.completions.create(model=eng.model_id, messages=STORY, max_tokens=4)
         assert wait_until(lambda: eng.stats()["running"] == 0 and eng.stats()["waiting"] == 0, timeout=30)
         ok = httpx.post(url, json={"messages": STORY, "max_tokens": 4}, timeout=60)
         assert ok.status_code == 200

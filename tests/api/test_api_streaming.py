@@ -83,15 +83,14 @@ def test_disconnect_while_queued_is_released(serve, loaded_model):
             url = srv.url + "/v1/chat/completions"
             first = {"messages": LONG, "max_tokens": 24, "temperature": 0, "stream": True}
             second = {"messages": LONG[:1], "max_tokens": 24, "temperature": 0, "stream": True}
-            with httpx.Client(timeout=60) as a, httpx.Client(timeout=60) as b:
-                with a.stream("POST", url, json=first) as ra:
-                    lines = ra.iter_lines()
-                    _content_frames(lines, 1)
-                    with b.stream("POST", url, json=second) as rb:
-                        assert rb.status_code == 200
-                        assert wait_until(lambda: eng.stats()["waiting"] == 1, timeout=10)
-                    rest = list(lines)  # the first one finishes normally
-                    assert rest[-2:] == ["data: [DONE]", ""] or rest[-1] == "data: [DONE]"
+            with httpx.stream("POST", url, json=first, timeout=60) as ra:
+                lines = ra.iter_lines()
+                _content_frames(lines, 1)
+                with httpx.stream("POST", url, json=second, timeout=60) as rb:
+                    assert rb.status_code == 200
+                    assert wait_until(lambda: eng.stats()["waiting"] == 1, timeout=10)
+                rest = list(lines)  # the first one finishes normally
+                assert "data: [DONE]" in rest
             assert wait_until(lambda: _idle(eng), timeout=30), eng.stats()
             assert eng.stats()["cancelled"] == 1 and eng.stats()["finished"] == 1
     finally:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from cache_helpers import nodes, prefix_values
 
 from prefix_cache import GDSFPolicy, LRUPolicy, RadixCache, TreeNode, make_policy, recompute_cost
+from tests.prefix_cache.cache_helpers import nodes, prefix_values
 
 BIG = 1 << 30
 

@@ -9,12 +9,12 @@ unprotected prefixes, only when it must, and reports the bytes it freed.
 from __future__ import annotations
 
 import numpy as np
-from cache_helpers import BYTES_PER_TOKEN, contents, joined, prefix_values
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from prefix_cache import RadixCache
+from tests.prefix_cache.cache_helpers import BYTES_PER_TOKEN, contents, joined, prefix_values
 
 NAMESPACES = ["", "x"]
 BASES = [[0, 1, 2, 3] * 3, [0, 1, 2, 3, 3, 2, 1, 0, 0, 1, 2], [1] * 12]

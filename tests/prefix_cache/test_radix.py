@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cache_helpers import joined, nodes, prefix_values
 
 from prefix_cache import CacheConfig, InsertResult, RadixCache
+from tests.prefix_cache.cache_helpers import joined, nodes, prefix_values
 
 BIG = 1 << 30
 SEQS = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [7, 8]]

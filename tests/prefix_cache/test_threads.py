@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from cache_helpers import BYTES_PER_TOKEN, joined, prefix_values
 
 from prefix_cache import RadixCache
+from tests.prefix_cache.cache_helpers import BYTES_PER_TOKEN, joined, prefix_values
 
 THREADS = 6
 OPS_PER_THREAD = 1500

@@ -15,11 +15,32 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+BLOCK_TOKENS = 64  # granularity of cache-owned KV: a radix split copies at most one block
+
+
+class _Block:
+    """Keys/values for a run of tokens. ``owned``: an immutable tensor the cache may share on a split."""
+
+    __slots__ = ("keys", "owned", "values")
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, owned: bool) -> None:
+        self.keys = keys
+        self.values = values
+        self.owned = owned
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[2])
+
 
 class KVSegment:
     """Per-layer keys and values for a span of tokens; sliceable along tokens like a numpy array.
 
-    Layout: ``keys [layers, kv_heads, n, head_dim_k]``, ``values [layers, kv_heads, n, head_dim_v]``.
+    Layout of each part: ``keys [layers, kv_heads, n, head_dim_k]``, ``values [layers, kv_heads, n,
+    head_dim_v]``. A segment is a list of blocks: slicing returns views, and ``copy()`` (what the
+    radix cache calls on everything it keeps) copies view data into compact blocks of up to
+    ``BLOCK_TOKENS`` tokens but *shares* blocks that are already cache-owned and whole. So a radix
+    split of a 2,000-token node copies at most one 64-token block instead of 92 MB; no byte is ever
+    held by two live nodes, because a split replaces the node it splits.
 
     Example:
         >>> seg = KVSegment(torch.zeros(30, 3, 10, 64), torch.zeros(30, 3, 10, 64))
@@ -27,45 +48,91 @@ class KVSegment:
         (10, 3, 138240)
     """
 
-    __slots__ = ("keys", "values")
+    __slots__ = ("blocks",)
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         if keys.dim() != 4 or values.dim() != 4 or keys.shape[2] != values.shape[2]:
             raise ValueError(
                 f"KVSegment needs [layers, heads, tokens, dim] tensors, got {keys.shape} / {values.shape}"
             )
-        self.keys = keys
-        self.values = values
+        self.blocks = [_Block(keys, values, owned=False)]
+
+    @classmethod
+    def _of(cls, blocks: list[_Block]) -> KVSegment:
+        seg = cls.__new__(cls)
+        seg.blocks = blocks
+        return seg
 
     def __len__(self) -> int:
-        return int(self.keys.shape[2])
+        return sum(len(b) for b in self.blocks)
 
     def __getitem__(self, index: slice) -> KVSegment:
         if not isinstance(index, slice) or index.step not in (None, 1):
             raise TypeError("KVSegment supports contiguous slices only")
-        return KVSegment(self.keys[:, :, index], self.values[:, :, index])  # views, no copy
+        start, stop, _ = index.indices(len(self))
+        out: list[_Block] = []
+        pos = 0
+        for block in self.blocks:
+            n = len(block)
+            lo, hi = max(start - pos, 0), min(stop - pos, n)
+            if lo < hi:
+                if lo == 0 and hi == n:
+                    out.append(block)  # whole block: keeps its ownership
+                else:
+                    out.append(_Block(block.keys[:, :, lo:hi], block.values[:, :, lo:hi], owned=False))
+            pos += n
+            if pos >= stop:
+                break
+        return KVSegment._of(out)
 
     @property
     def nbytes(self) -> int:
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+        return sum(
+            b.keys.numel() * b.keys.element_size() + b.values.numel() * b.values.element_size()
+            for b in self.blocks
+        )
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """All keys as one tensor (a copy when there are several blocks; for inspection and tests)."""
+        return (
+            self.blocks[0].keys if len(self.blocks) == 1 else torch.cat([b.keys for b in self.blocks], dim=2)
+        )
+
+    @property
+    def values(self) -> torch.Tensor:
+        return (
+            self.blocks[0].values
+            if len(self.blocks) == 1
+            else torch.cat([b.values for b in self.blocks], dim=2)
+        )
 
     def copy(self) -> KVSegment:
-        """A compact copy that owns its memory (what the cache stores)."""
-        return KVSegment(
-            self.keys.clone(memory_format=torch.contiguous_format),
-            self.values.clone(memory_format=torch.contiguous_format),
-        )
+        """A segment that owns its memory: views are copied into compact blocks, owned blocks shared."""
+        out: list[_Block] = []
+        for block in self.blocks:
+            if block.owned:
+                out.append(block)
+                continue
+            for a in range(0, len(block), BLOCK_TOKENS):
+                b = min(a + BLOCK_TOKENS, len(block))
+                keys = block.keys[:, :, a:b].clone(memory_format=torch.contiguous_format)
+                values = block.values[:, :, a:b].clone(memory_format=torch.contiguous_format)
+                out.append(_Block(keys, values, owned=True))
+        return KVSegment._of(out)
 
     @staticmethod
     def concat(segments: Sequence[KVSegment]) -> KVSegment:
         if not segments:
             raise ValueError("cannot concatenate zero segments")
-        return KVSegment(
-            torch.cat([s.keys for s in segments], dim=2), torch.cat([s.values for s in segments], dim=2)
-        )
+        return KVSegment._of([b for s in segments for b in s.blocks])
+
+    def parts(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The (keys, values) tensors of each block, in token order."""
+        return [(b.keys, b.values) for b in self.blocks]
 
     def __repr__(self) -> str:
-        return f"KVSegment(tokens={len(self)}, layers={self.keys.shape[0]}, nbytes={self.nbytes})"
+        return f"KVSegment(tokens={len(self)}, blocks={len(self.blocks)}, nbytes={self.nbytes})"
 
 
 class _BufferLayer(DynamicLayer):
@@ -193,17 +260,18 @@ class KVBuffer(Cache):
         total = sum(len(s) for s in segments)
         if total == 0:
             return 0
-        first = segments[0]
+        keys0, values0 = segments[0].parts()[0]
         # [layers, heads, n, dim] -> storage takes [heads, n, dim] per layer with a batch axis of 1
-        self._ensure_storage(first.keys[0:1], first.values[0:1])
+        self._ensure_storage(keys0[0:1], values0[0:1])
         self._reserve(total)
         assert self.k_store is not None and self.v_store is not None
         pos = 0
         for seg in segments:
-            n = len(seg)
-            self.k_store[:, 0, :, pos : pos + n].copy_(seg.keys)  # one copy for all layers
-            self.v_store[:, 0, :, pos : pos + n].copy_(seg.values)
-            pos += n
+            for keys, values in seg.parts():
+                n = keys.shape[2]
+                self.k_store[:, 0, :, pos : pos + n].copy_(keys)  # one copy per block for all layers
+                self.v_store[:, 0, :, pos : pos + n].copy_(values)
+                pos += n
         self._rebind(total)
         return total
 

@@ -19,10 +19,9 @@ def as_token_list(tokens: Sequence[int] | Any) -> list[int]:
         )
     tolist = getattr(tokens, "tolist", None)
     if tolist is not None:
-        out = tolist()
-        if not isinstance(out, list):
-            raise ValueError(f"tokens must be 1-D, got a 0-d array {tokens!r:.40}")
-        return out
+        if getattr(tokens, "ndim", 1) != 1:
+            raise ValueError(f"tokens must be 1-D, got an array of shape {getattr(tokens, 'shape', '?')}")
+        return tolist()
     try:
         return list(tokens)
     except TypeError:

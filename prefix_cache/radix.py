@@ -6,15 +6,15 @@ as a strategy object, `extra_key`-style namespaces), without torch: values are o
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prefix_cache.config import CacheConfig
 from prefix_cache.eviction import EvictionPolicy, GDSFPolicy, make_policy
+from prefix_cache.invariants import check_invariants
 from prefix_cache.keys import as_token_list, child_key, common_prefix_len, page_floor
+from prefix_cache.leaf_heap import LeafHeap, is_evictable_leaf
 from prefix_cache.node import Tree, TreeNode
 from prefix_cache.results import InsertResult, MatchResult
 from prefix_cache.stats import CacheStats, Counters, snapshot
@@ -61,7 +61,6 @@ class RadixCache:
         self._counters: dict[str, Counters] = {}  # per namespace; outlive reset() (monotonic)
         self._tick = 0  # logical time for last_access_time
         self._clock = 0.0  # GDSF inflation clock L: priority of the latest victim
-        self._seq = itertools.count()  # heap tie-breaker
         self._init_state()
 
     @classmethod
@@ -74,7 +73,7 @@ class RadixCache:
 
     def _init_state(self) -> None:
         self._trees: dict[str, Tree] = {}
-        self._heap: list[tuple[float, int, int, TreeNode]] = []  # lazy: (priority, time, seq, leaf)
+        self._leaves = LeafHeap(self._policy)
         self._pins: dict[tuple[str, tuple[int, ...]], list[TreeNode]] = {}
         self._used = 0
         self._nodes = 0
@@ -286,7 +285,7 @@ class RadixCache:
                 c.protected_bytes -= node.nbytes
                 c.evictable_bytes += node.nbytes
             node = node.parent
-        if bottom.parent is not None and not bottom.children and bottom.lock_ref == 0:
+        if is_evictable_leaf(bottom):
             self._push(bottom)
 
     # ---- eviction -----------------------------------------------------------------------------------
@@ -303,17 +302,14 @@ class RadixCache:
             return self._evict(num_bytes)
 
     def _evict(self, num_bytes: int) -> int:
-        freed, priority = 0, self._policy.priority
-        while freed < num_bytes and self._heap:  # (_push may rebuild self._heap)
-            prio, _, _, node = heapq.heappop(self._heap)
-            if node.parent is None or node.children or node.lock_ref:
-                continue  # gone, no longer a leaf, or locked: its entry is stale
-            current = priority(node)
-            if current != prio:
-                self._push(node, current)  # stale entry (the node changed since); requeue at its priority
-                continue
+        freed = 0
+        while freed < num_bytes:
+            victim = self._leaves.pop()
+            if victim is None:
+                break  # everything left is locked
+            node, priority = victim
             freed += self._remove_leaf(node)
-            self._clock = max(self._clock, prio)
+            self._clock = max(self._clock, priority)  # GDSF's L
         return freed
 
     def _remove_leaf(self, node: TreeNode) -> int:
@@ -332,21 +328,14 @@ class RadixCache:
         c.evictions += 1
         c.evicted_bytes += nbytes
         c.evicted_tokens += ntok
-        if parent.parent is not None and not parent.children and parent.lock_ref == 0:
+        if is_evictable_leaf(parent):
             self._push(parent)
         return nbytes
 
-    def _push(self, node: TreeNode, prio: float | None = None) -> None:
-        if prio is None:
-            prio = self._policy.priority(node)
-        heapq.heappush(self._heap, (prio, node.last_access_time, next(self._seq), node))
-        if len(self._heap) > 2 * self._nodes + 1024:  # mostly stale entries: rebuild, amortised O(1)
-            self._heap = [
-                (self._policy.priority(n), n.last_access_time, next(self._seq), n)
-                for n in self._iter_nodes()
-                if not n.children and n.lock_ref == 0
-            ]
-            heapq.heapify(self._heap)
+    def _push(self, node: TreeNode) -> None:
+        self._leaves.push(node)
+        if len(self._leaves) > 2 * self._nodes + 1024:  # mostly stale entries: rebuild, amortised O(1)
+            self._leaves.rebuild(self._iter_nodes())
 
     # ---- stats, reset, checks -----------------------------------------------------------------------
 
@@ -369,46 +358,7 @@ class RadixCache:
     def check_invariants(self) -> None:
         """Raise AssertionError if the tree and its accounting disagree (for tests; O(nodes))."""
         with self._mutex:
-            used, nodes = 0, 0
-            for tree in self._trees.values():
-                used_ns, nodes_ns = self._check_tree(tree)
-                used += used_ns
-                nodes += nodes_ns
-            _require(used == self._used, f"used_bytes {self._used} != sum of nodes {used}")
-            _require(nodes == self._nodes, f"node count {self._nodes} != {nodes}")
-            _require(self._used <= self._capacity, f"used {self._used} > capacity {self._capacity}")
-            lowest: dict[int, float] = {}  # every evictable leaf needs a heap entry at or below its priority
-            for prio, _, _, node in self._heap:
-                lowest[id(node)] = min(prio, lowest.get(id(node), prio))
-            for node in self._iter_nodes():
-                if not node.children and node.lock_ref == 0:
-                    entry = lowest.get(id(node))
-                    _require(
-                        entry is not None and entry <= self._policy.priority(node), f"{node} not in heap"
-                    )
-
-    def _check_tree(self, tree: Tree) -> tuple[int, int]:
-        c, used, nodes, tokens, protected = tree.counters, 0, 0, 0, 0
-        for node in self._iter_nodes(tree):
-            parent = node.parent
-            assert parent is not None
-            _require(parent.children.get(child_key(node.key, 0, self._page)) is node, f"{node} misfiled")
-            _require(node.start == parent.end, f"{node} start {node.start} != parent end {parent.end}")
-            _require(len(node.key) > 0 and len(node.key) % self._page == 0, f"{node} key not whole pages")
-            _require(len(node.value) == len(node.key), f"{node} len(value) != len(key)")
-            _require(node.nbytes == value_nbytes(node.value), f"{node} nbytes stale")
-            below = sum(ch.lock_ref for ch in node.children.values())
-            _require(node.lock_ref == node.own_locks + below, f"{node} lock_ref != own + children")
-            used += node.nbytes
-            nodes += 1
-            tokens += len(node.key)
-            protected += node.nbytes if node.lock_ref else 0
-        _require((c.used_bytes, c.nodes, c.cached_tokens) == (used, nodes, tokens), f"{tree.name!r} gauges")
-        _require(
-            c.protected_bytes == protected, f"{tree.name!r} protected {c.protected_bytes} != {protected}"
-        )
-        _require(c.evictable_bytes == used - protected, f"{tree.name!r} evictable bytes")
-        return used, nodes
+            check_invariants(self)
 
     # ---- tree walking -------------------------------------------------------------------------------
 
@@ -475,8 +425,14 @@ class RadixCache:
             c.evictable_bytes += delta
         c.nodes += 1
         c.splits += 1
-        if not node.children and node.lock_ref == 0:
+        if is_evictable_leaf(node):
             self._push(node)  # its priority may have changed with its size and depth
+        if self._used > self._capacity:  # a value type whose nbytes is not additive under slicing
+            self._lock_path(head)
+            try:
+                self._evict(self._used - self._capacity)
+            finally:
+                self._unlock_path(head)
         return head
 
     def _touch(self, path: list[TreeNode], *, hit: bool) -> None:
@@ -487,7 +443,7 @@ class RadixCache:
             node.clock = clock
             if hit:
                 node.hit_count += 1
-        if path and not path[-1].children and path[-1].lock_ref == 0:
+        if path and is_evictable_leaf(path[-1]):
             self._push(path[-1])  # only the path's end can be a leaf; its priority just changed
 
     def _account_new(self, node: TreeNode) -> None:
@@ -514,8 +470,3 @@ def _capped(n: int, max_length: int | None) -> int:
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
         raise ValueError(f"max_length must be None or an int >= 0, got {max_length!r}")
     return min(n, max_length)
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise AssertionError(message)

@@ -73,3 +73,38 @@ def test_truncate():
     buf.truncate(2)
     assert buf.length == 2
     assert buf.get_seq_length() == 2
+
+
+def test_copy_blocks_views_and_shares_owned_blocks():
+    view = _seg(150)[5:150]  # a view, e.g. of a request's buffer
+    owned = view.copy()
+    assert [len(b) for b in owned.blocks] == [64, 64, 17]
+    torch.testing.assert_close(owned.keys, _seg(150).keys[:, :, 5:150])
+    # a radix split: both halves are copies, but whole owned blocks are shared, not copied
+    left, right = owned[:100].copy(), owned[100:].copy()
+    assert left.blocks[0] is owned.blocks[0]
+    assert right.blocks[-1] is owned.blocks[-1]
+    assert left.nbytes + right.nbytes == owned.nbytes
+    torch.testing.assert_close(KVSegment.concat([left, right]).keys, owned.keys)
+
+
+def test_split_halves_own_disjoint_memory():
+    owned = _seg(130).copy()
+    left, right = owned[:70].copy(), owned[70:].copy()
+    left_ptrs = {b.keys.untyped_storage().data_ptr() for b in left.blocks}
+    right_ptrs = {b.keys.untyped_storage().data_ptr() for b in right.blocks}
+    assert not left_ptrs & right_ptrs
+
+
+def test_radix_cache_split_keeps_values_exact():
+    from prefix_cache import RadixCache
+
+    cache = RadixCache(capacity_bytes=1 << 30)
+    seg = _seg(200)
+    cache.insert(list(range(200)), seg)
+    m = cache.match_prefix([*range(120), 999])
+    assert m.length == 120
+    torch.testing.assert_close(KVSegment.concat(m.values).keys, seg.keys[:, :, :120])
+    full = cache.match_prefix(list(range(200)))
+    torch.testing.assert_close(KVSegment.concat(full.values).values, seg.values)
+    assert cache.used_bytes == seg.nbytes

@@ -36,14 +36,15 @@ def nodes(cache: RadixCache, namespace: str = "") -> Iterator[TreeNode]:
 
 
 def contents(cache: RadixCache, namespace: str = "") -> dict[tuple[int, ...], int]:
-    """Every cached prefix -> the value row stored for its last token (brute force over the tree)."""
+    """Every cached whole-page prefix -> the value row stored for its last token (brute force)."""
     out: dict[tuple[int, ...], int] = {}
+    page = cache.page_size
     for node in nodes(cache, namespace):
         path: list[int] = []
         p = node.parent
         while p is not None and not p.is_root:
             path[:0] = p.key
             p = p.parent
-        for i in range(len(node.key)):
+        for i in range(page - 1, len(node.key), page):
             out[(*path, *node.key[: i + 1])] = int(node.value[i])
     return out

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from cache_helpers import nodes, prefix_values
 
 from prefix_cache import GDSFPolicy, LRUPolicy, RadixCache, TreeNode, make_policy, recompute_cost
+from tests.prefix_cache.cache_helpers import nodes, prefix_values
 
 BIG = 1 << 30
 
@@ -169,7 +169,7 @@ def test_lazy_heap_stays_bounded_under_lock_churn() -> None:
     for i in range(5000):
         m = cache.match_prefix((A, B, C)[i % 3], lock=True)
         cache.unlock(m.node)  # each unlock to zero pushes a heap entry
-        assert len(cache._heap) <= 2 * cache.stats().nodes + 1025
+        assert len(cache._leaves) <= 2 * cache.stats().nodes + 1025
     cache.check_invariants()
     assert cache.evict(BIG) == cache.stats().evicted_bytes == 13 * 8  # [1, 1, 9] shares [1, 1] with A
 

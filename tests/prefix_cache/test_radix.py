@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cache_helpers import joined, nodes, prefix_values
 
 from prefix_cache import CacheConfig, InsertResult, RadixCache
+from tests.prefix_cache.cache_helpers import joined, nodes, prefix_values
 
 BIG = 1 << 30
 SEQS = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [7, 8]]
@@ -230,6 +230,31 @@ class CloneOnly:
 
     def clone(self) -> CloneOnly:
         return CloneOnly(self.data.copy())
+
+
+class WithHeader(CloneOnly):
+    """A value whose nbytes carries a fixed 100-byte header, so halves weigh more than the whole."""
+
+    def __getitem__(self, s: slice) -> WithHeader:
+        return WithHeader(self.data[s])
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes + 100
+
+    def clone(self) -> WithHeader:
+        return WithHeader(self.data.copy())
+
+
+def test_splits_of_non_additive_values_stay_within_capacity() -> None:
+    cache = RadixCache(capacity_bytes=2 * (10 * 8 + 100))
+    cache.insert(list(range(10)), WithHeader(np.arange(10)))
+    cache.insert(list(range(100, 110)), WithHeader(np.arange(10)))  # full now
+    m = cache.match_prefix([*range(5), -1])  # the split adds a header: something must go
+    assert m.length == 5 and cache.used_bytes <= cache.capacity_bytes
+    assert cache.peek_length(range(10)) == 5  # the LRU leaf went: the split-off tail [5..9]
+    assert cache.peek_length(range(100, 110)) == 10
+    cache.check_invariants()
 
 
 def test_values_with_clone_instead_of_copy() -> None:
@@ -475,6 +500,7 @@ def test_constructor_rejects_bad_arguments(kwargs: dict, message: str) -> None:
         (lambda c: c.insert([1, 2], 5), "sliceable"),
         (lambda c: c.insert("ab", np.zeros(2)), "sequence of int"),
         (lambda c: c.match_prefix(7), "sequence of int"),
+        (lambda c: c.match_prefix(np.zeros((2, 2), dtype=int)), "1-D"),
         (lambda c: c.match_prefix([1], max_length=-1), "max_length"),
         (lambda c: c.match_prefix([1], namespace=3), "namespace"),
         (lambda c: c.evict(-5), "num_bytes"),

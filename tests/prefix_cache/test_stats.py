@@ -6,10 +6,10 @@ import dataclasses
 import random
 
 import pytest
-from cache_helpers import prefix_values
 
 from prefix_cache import CacheStats, RadixCache
 from prefix_cache.stats import COUNTER_FIELDS
+from tests.prefix_cache.cache_helpers import prefix_values
 
 BIG = 1 << 30
 

@@ -91,8 +91,10 @@ def test_disconnect_while_queued_is_released(serve, loaded_model):
                     assert wait_until(lambda: eng.stats()["waiting"] == 1, timeout=10)
                 rest = list(lines)  # the first one finishes normally
                 assert "data: [DONE]" in rest
-            assert wait_until(lambda: _idle(eng), timeout=30), eng.stats()
-            assert eng.stats()["cancelled"] == 1 and eng.stats()["finished"] == 1
+            settled = lambda: _idle(eng) and eng.stats()["cancelled"] + eng.stats()["finished"] == 2  # noqa: E731
+            assert wait_until(settled, timeout=30), eng.stats()
+            outcome = {k: eng.stats()[k] for k in ("cancelled", "finished", "failed", "requests")}
+            assert outcome == {"cancelled": 1, "finished": 1, "failed": 0, "requests": 2}, outcome
     finally:
         eng.close()
 

@@ -63,6 +63,7 @@ class BM25Index:
         self.k1, self.b, self.stemming = k1, b, stemming
         self._tokens: dict[str, list[str]] = {}
         self._order: list[str] = []  # key of each column of the built matrix
+        self._column: dict[str, int] = {}
         self._bm25: Any = None
         self._dirty = False
 
@@ -76,7 +77,7 @@ class BM25Index:
         """Index ``texts[i]`` under ``keys[i]`` (an existing key is replaced)."""
         if len(keys) != len(texts):
             raise ValueError(f"got {len(keys)} keys for {len(texts)} texts")
-        for key, text in zip(keys, texts):
+        for key, text in zip(keys, texts, strict=True):
             self._tokens[key] = tokenize(text, self.stemming)
         self._dirty = self._dirty or bool(keys)
 
@@ -91,9 +92,7 @@ class BM25Index:
         if k <= 0:
             raise ValueError(f"k must be > 0, got {k}")
         self._build()
-        if self._bm25 is None:
-            return []
-        terms = [t for t in tokenize(query, self.stemming) if t in self._bm25.vocab_dict]
+        terms = self._terms(query)
         if not terms:
             return []
         scores = np.asarray(self._bm25.get_scores(terms), dtype=np.float32)  # [n_docs]
@@ -102,12 +101,29 @@ class BM25Index:
         top = top[np.argsort(-scores[top], kind="stable")]
         return [(self._order[i], float(scores[i])) for i in top.tolist() if scores[i] > 0]
 
+    def score(self, query: str, keys: Sequence[str]) -> dict[str, float]:
+        """BM25 score of each known key for ``query`` (0.0 when no query term occurs in it)."""
+        self._build()
+        known = [key for key in keys if key in self._tokens]
+        terms = self._terms(query)
+        if not terms or not known:
+            return dict.fromkeys(known, 0.0)
+        scores = self._bm25.get_scores(terms)  # [n_docs]
+        column = self._column
+        return {key: float(scores[column[key]]) for key in known}
+
+    def _terms(self, query: str) -> list[str]:
+        if self._bm25 is None:
+            return []
+        return [t for t in tokenize(query, self.stemming) if t in self._bm25.vocab_dict]
+
     def _build(self) -> None:
         if not self._dirty:
             return
         import bm25s
 
         self._order = list(self._tokens)
+        self._column = {key: i for i, key in enumerate(self._order)}
         corpus = [self._tokens[key] or [""] for key in self._order]
         self._bm25 = None
         if corpus:

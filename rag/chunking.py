@@ -61,8 +61,9 @@ def chunk_id(doc_id: str, text: str, occurrence: int = 0) -> str:
 class Chunker:
     """Splits Documents into Chunks of at most ``chunk_size`` tokens with ``overlap`` tokens of overlap.
 
-    ``tokenizer`` is a HF tokenizer, an object with ``encode``, or a callable; None loads the default
-    LLM's tokenizer (``engine.models.load_tokenizer``) on first use.
+    ``tokenizer`` is a HF tokenizer, an object with ``encode``, or a callable; a string names a model
+    (engine registry name or HF dir) whose tokenizer ``engine.models.load_tokenizer`` loads on first
+    use; None means the default LLM's.
 
     Example:
         >>> chunker = Chunker(chunk_size=256, overlap=32)         # doctest: +SKIP
@@ -80,16 +81,26 @@ class Chunker:
         self.overlap = overlap
         self._tokenizer = tokenizer
         self._count: Callable[[str], int] | None = None
+        self._parent: Chunker | None = None
 
     def warm_up(self) -> None:
         """Load the tokenizer (idempotent)."""
         if self._count is not None:
             return
-        if self._tokenizer is None:
-            from engine.models import load_tokenizer
+        if self._parent is not None:
+            self._parent.warm_up()
+            self._tokenizer = self._parent._tokenizer
+        if self._tokenizer is None or isinstance(self._tokenizer, str):
+            from engine.models import DEFAULT_MODEL, load_tokenizer
 
-            self._tokenizer = load_tokenizer()
+            self._tokenizer = load_tokenizer(self._tokenizer or DEFAULT_MODEL)
         self._count = token_counter(self._tokenizer)
+
+    def resized(self, chunk_size: int, overlap: int) -> Chunker:
+        """A chunker with other sizes that shares this one's tokenizer (loaded once, lazily)."""
+        other = Chunker(None, chunk_size, overlap)
+        other._parent = self
+        return other
 
     def count_tokens(self, text: str) -> int:
         """Number of LLM tokens in ``text`` (no special tokens)."""
@@ -134,7 +145,9 @@ class Chunker:
                 j += 1
             chunks.append((start, units[j][1]))
             i = j + 1
-            prefix = self._overlap_start(text, start, units[j][1]) if self.overlap and i < len(units) else None
+            prefix = (
+                self._overlap_start(text, start, units[j][1]) if self.overlap and i < len(units) else None
+            )
         return chunks
 
     def _fits(self, text: str, start: int, end: int) -> bool:

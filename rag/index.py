@@ -95,7 +95,7 @@ class VectorIndex:
         self._vectors = np.concatenate([self._vectors, vectors])
         self._keys.extend(keys)
         self._live = np.concatenate([self._live, np.ones(len(keys), dtype=bool)])
-        for key, row in zip(keys, rows.tolist()):
+        for key, row in zip(keys, rows.tolist(), strict=True):
             self._rows.setdefault(key, []).append(row)
         if self._target_kind() != self.kind:
             self._rebuild()
@@ -140,7 +140,7 @@ class VectorIndex:
             return []
         scores, rows = self._faiss.search(query, fetch)  # [1, fetch] each
         best: dict[str, float] = {}
-        for score, row in zip(scores[0].tolist(), rows[0].tolist()):
+        for score, row in zip(scores[0].tolist(), rows[0].tolist(), strict=True):
             if row < 0 or not self._live[row]:
                 continue
             key = self._keys[row]
@@ -215,7 +215,9 @@ class VectorIndex:
             faiss.write_index(self._faiss, str(directory / "hnsw.faiss"))
 
     @classmethod
-    def read(cls, directory: Path, kind: IndexKind | None = None, hnsw_threshold: int | None = None) -> VectorIndex:
+    def read(
+        cls, directory: Path, kind: IndexKind | None = None, hnsw_threshold: int | None = None
+    ) -> VectorIndex:
         """Load what ``write`` wrote; ``kind``/``hnsw_threshold`` override the saved choice."""
         import faiss
 

@@ -136,7 +136,11 @@ def read_file(path: Path) -> tuple[str, dict[str, object]]:
 
 def _decode(data: bytes) -> str:
     """UTF-8 (a BOM, also UTF-16's, is honoured); NUL bytes mean binary; anything else is skipped."""
-    for bom, codec in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
+    for bom, codec in (
+        (codecs.BOM_UTF8, "utf-8-sig"),
+        (codecs.BOM_UTF16_LE, "utf-16"),
+        (codecs.BOM_UTF16_BE, "utf-16"),
+    ):
         if data.startswith(bom):
             try:
                 return data.decode(codec)
@@ -169,8 +173,41 @@ def _read_pdf(path: Path, extra: dict[str, object]) -> str:
 
 
 _BLOCK_TAGS = frozenset(
-    "address article aside blockquote br dd div dl dt figcaption figure footer form h1 h2 h3 h4 h5 h6 "
-    "header hr li main nav ol p pre section table td th tr ul".split()
+    [
+        "address",
+        "article",
+        "aside",
+        "blockquote",
+        "br",
+        "dd",
+        "div",
+        "dl",
+        "dt",
+        "figcaption",
+        "figure",
+        "footer",
+        "form",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "header",
+        "hr",
+        "li",
+        "main",
+        "nav",
+        "ol",
+        "p",
+        "pre",
+        "section",
+        "table",
+        "td",
+        "th",
+        "tr",
+        "ul",
+    ]
 )
 _DROP_TAGS = frozenset({"script", "style", "noscript", "template", "head", "svg"})
 

@@ -77,7 +77,11 @@ def _switch_pointer(root: Path, name: str) -> None:
 def _remove_stale(root: Path, keep: str) -> None:
     """Delete old versions and leftovers of interrupted saves (never the live version)."""
     for path in root.iterdir():
-        if path.name != keep and path.is_dir() and (_VERSION.match(path.name) or path.name.startswith(".tmp-")):
+        if (
+            path.name != keep
+            and path.is_dir()
+            and (_VERSION.match(path.name) or path.name.startswith(".tmp-"))
+        ):
             shutil.rmtree(path, ignore_errors=True)
 
 

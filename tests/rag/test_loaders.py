@@ -101,7 +101,10 @@ def test_single_files_and_utf8_bom(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfhello")
     (tmp_path / "b.rst").write_text("Title\n=====\n\nbody", encoding="utf-8")
     result = load_paths([tmp_path / "a.txt", tmp_path / "b.rst"])
-    assert [(d.id, d.text) for d in result.documents] == [("a.txt", "hello"), ("b.rst", "Title\n=====\n\nbody")]
+    assert [(d.id, d.text) for d in result.documents] == [
+        ("a.txt", "hello"),
+        ("b.rst", "Title\n=====\n\nbody"),
+    ]
 
 
 def test_missing_path_is_a_clear_error(tmp_path):
@@ -114,7 +117,7 @@ def test_duplicate_ids_are_an_error(tmp_path):
     for sub in ("a", "b"):
         (tmp_path / sub).mkdir()
         (tmp_path / sub / "same.txt").write_text("x", encoding="utf-8")
-    with pytest.raises(ValueError, match="same.txt"):
+    with pytest.raises(ValueError, match=r"same\.txt"):
         load_paths([tmp_path / "a", tmp_path / "b"])
 
 

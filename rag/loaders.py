@@ -93,7 +93,9 @@ def _walk(root: Path, skipped: list[SkippedFile]) -> Iterator[tuple[Path, str]]:
         for name in sorted(dirnames):
             if name.startswith("."):
                 skipped.append(SkippedFile(str(here / name), "hidden directory"))
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            elif (here / name).is_symlink():
+                skipped.append(SkippedFile(str(here / name), "symbolic link to a directory (not followed)"))
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not (here / d).is_symlink())
         for name in sorted(filenames):
             path = here / name
             if name.startswith("."):
@@ -120,6 +122,8 @@ def _format(path: Path) -> str:
 def read_file(path: Path) -> tuple[str, dict[str, object]]:
     """(text, extra metadata) of one file by format; raises _Skip with a reason for anything unusable."""
     extra: dict[str, object] = {}
+    if not path.is_file():
+        raise _Skip("not a regular file")
     try:
         fmt = _format(path)
         text = _read_pdf(path, extra) if fmt == "pdf" else _decode(path.read_bytes())

@@ -116,6 +116,13 @@ def test_bad_sizes_are_rejected(size, overlap):
         Chunker(lambda t: t.split(), chunk_size=size, overlap=overlap)
 
 
+def test_tokenizer_by_model_name_loads_lazily():
+    chunker = Chunker("smollm2-135m-instruct", chunk_size=16, overlap=0)
+    assert chunker._count is None
+    assert chunker.count_tokens("hello world") == 2
+    assert chunker.resized(8, 2).count_tokens("hello world") == 2  # shares the loaded tokenizer
+
+
 def test_bad_tokenizer_is_rejected():
     with pytest.raises(ValueError, match="tokenizer"):
         token_counter(42)

@@ -89,12 +89,17 @@ def test_unusable_files_are_skipped_with_reasons(tree):
     assert reasons[".hidden.txt"] == "hidden file"
 
 
-def test_broken_link_and_bad_pdf_are_skipped(tmp_path):
+def test_links_special_files_and_bad_pdf_are_skipped(tmp_path):
     (tmp_path / "gone.txt").symlink_to(tmp_path / "nowhere.txt")
     (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.4\nthis is not a pdf")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    os.mkfifo(tmp_path / "pipe.txt")
     reasons = {Path(s.path).name: s.reason for s in load_paths(tmp_path).skipped}
     assert reasons["gone.txt"].startswith("unreadable")
     assert "PDF" in reasons["broken.pdf"]
+    assert "not followed" in reasons["linked"]
+    assert reasons["pipe.txt"] == "not a regular file"
 
 
 def test_single_files_and_utf8_bom(tmp_path):

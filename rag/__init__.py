@@ -8,7 +8,7 @@ from rag.index import VectorIndex
 from rag.loaders import LoadResult, SkippedFile, load_paths, load_python_reference
 from rag.rerank import CrossEncoderReranker, EmbeddingReranker, NoReranker, Reranker
 from rag.retriever import BM25Retriever, DenseRetriever, HybridRetriever, Retriever
-from rag.store import DocumentInfo, IngestStats, KnowledgeBase
+from rag.store import DocumentInfo, IngestStats, KnowledgeBase, SearchResult
 
 __all__ = [
     "DEFAULT_EMBEDDER",
@@ -30,6 +30,7 @@ __all__ = [
     "Reranker",
     "Retriever",
     "ScoredChunk",
+    "SearchResult",
     "SkippedFile",
     "VectorIndex",
     "load_paths",

@@ -70,6 +70,15 @@ class IngestStats:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class SearchResult:
+    """Hits of ``KnowledgeBase.search_timed`` and the milliseconds each stage took."""
+
+    hits: list[ScoredChunk]
+    retrieve_ms: float
+    rerank_ms: float
+
+
 @dataclass
 class _Record:
     doc: Document
@@ -103,15 +112,20 @@ class KnowledgeBase:
     """Chunked, embedded, indexed documents with dense, BM25 and hybrid search and reranking.
 
     Construct with a ``RAGConfig`` (defaults: bundled MiniLM embedder, 256/32-token chunks, hybrid
-    weighted fusion); pass ``embedder``/``chunker``/``reranker`` to share or replace components.
+    weighted fusion); pass ``embedder``/``chunker``/``reranker`` to share or replace components (the
+    config then records the embedder name and chunk sizes of the components given).
     Models load lazily (or call ``warm_up()``). All public methods are thread-safe.
 
     Example:
+        >>> from rag import RAGConfig, load_python_reference
         >>> kb = KnowledgeBase(RAGConfig(retrieval_mode="hybrid", top_k=4))
         >>> ids = kb.add_documents(load_python_reference(), show_progress=True)   # doctest: +SKIP
         >>> hits = kb.search("how do I catch two exception types?")               # doctest: +SKIP
         >>> hits[0].doc_id, hits[0].chunk_id, round(hits[0].score, 2), hits[0].text[:40]  # doctest: +SKIP
         ('try', '4c1d0e...', 0.97, 'The "try" statement ...')
+        >>> result = kb.search_timed("what does pass do?")                       # doctest: +SKIP
+        >>> result.hits[0].doc_id, result.retrieve_ms, result.rerank_ms            # doctest: +SKIP
+        ('pass', 41.2, 0.0)
         >>> kb.delete_document("try"); path = kb.save("~/.cache/prefixrag/index")  # doctest: +SKIP
         >>> kb = KnowledgeBase.load(path.parent)                                   # doctest: +SKIP
     """
@@ -124,8 +138,12 @@ class KnowledgeBase:
         chunker: Chunker | None = None,
         reranker: Reranker | None = None,
     ) -> None:
-        self.config = config or RAGConfig()
-        cfg = self.config
+        cfg = config or RAGConfig()
+        if embedder is not None:  # the config records what the index is really built with
+            cfg = cfg.model_copy(update={"embedder": embedder.model_name})
+        if chunker is not None:
+            cfg = cfg.model_copy(update={"chunk_size": chunker.chunk_size, "chunk_overlap": chunker.overlap})
+        self.config = cfg
         self.embedder = embedder or Embedder(cfg.embedder, batch_size=cfg.embed_batch_size)
         self.chunker = chunker or Chunker(cfg.tokenizer_model, cfg.chunk_size, cfg.chunk_overlap)
         self._reranker = reranker
@@ -235,13 +253,27 @@ class KnowledgeBase:
 
         Defaults come from the config (``top_k``, ``retrieval_mode``, ``reranker``).
         """
+        return self.search_timed(query, top_k, mode, rerank).hits
+
+    def search_timed(
+        self,
+        query: str,
+        top_k: int | None = None,
+        mode: RetrievalMode | None = None,
+        rerank: bool | None = None,
+    ) -> SearchResult:
+        """``search`` that also reports how long the first stage and the reranker took."""
         top_k = self.config.top_k if top_k is None else top_k
         check_query(query, top_k)
         use_reranker = self.config.reranker != "none" if rerank is None else rerank
-        if not use_reranker:
-            return self.retrieve(query, top_k, mode)
-        hits = self.retrieve(query, max(top_k, self.config.rerank_candidates), mode)
-        return self.rerank(query, hits, top_k)
+        t0 = time.perf_counter()
+        depth = max(top_k, self.config.rerank_candidates) if use_reranker else top_k
+        hits = self.retrieve(query, depth, mode)
+        t1 = time.perf_counter()
+        if use_reranker:
+            hits = self.rerank(query, hits, top_k)
+        t2 = time.perf_counter()
+        return SearchResult(hits, retrieve_ms=1000 * (t1 - t0), rerank_ms=1000 * (t2 - t1))
 
     def retrieve(
         self, query: str, top_k: int | None = None, mode: RetrievalMode | None = None

@@ -82,3 +82,5 @@ def test_kb_uses_the_configured_reranker(make_kb):
     hits = kb.search("when was the Eiffel Tower finished?", top_k=2)
     assert len(hits) == 2 and hits[0].doc_id == "paris.html"
     assert kb.search("Eiffel", top_k=1, rerank=False)[0].doc_id == "paris.html"
+    timed = kb.search_timed("when was the Eiffel Tower finished?", top_k=2)
+    assert timed.hits == hits and timed.retrieve_ms > 0 and timed.rerank_ms > 0

@@ -159,6 +159,17 @@ def test_process_killed_mid_save_leaves_previous_index_loadable(make_kb, embedde
     assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
 
 
+def test_config_records_the_components_given(embedder, llm_tokenizer):
+    from rag.chunking import Chunker
+
+    kb = KnowledgeBase(RAGConfig(chunk_size=64), embedder=embedder, chunker=Chunker(llm_tokenizer, 100, 10))
+    assert (kb.config.embedder, kb.config.chunk_size, kb.config.chunk_overlap) == (
+        embedder.model_name,
+        100,
+        10,
+    )
+
+
 def test_save_needs_a_directory(make_kb, tmp_path):
     kb = make_kb()
     with pytest.raises(ValueError, match="directory"):

@@ -1,0 +1,81 @@
+"""RAGConfig: the knobs of the rag layer (retrieval part; prompt and engine fields come later).
+
+Defaults are the measured ones (see ``rag.evaluate`` and ``examples/eval_retrieval.py``).
+
+Example:
+    >>> cfg = RAGConfig(chunk_size=128, retrieval_mode="dense")
+    >>> cfg.chunk_overlap, cfg.top_k
+    (32, 4)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rag.embedder import DEFAULT_EMBEDDER
+
+RetrievalMode = Literal["dense", "bm25", "hybrid"]
+Fusion = Literal["weighted", "rrf"]
+RerankerName = Literal["none", "embedding", "cross-encoder"]
+
+
+class RAGConfig(BaseModel):
+    """Configuration of ingestion, indexing, retrieval and reranking.
+
+    Example:
+        >>> RAGConfig(reranker="cross-encoder", reranker_model="/models/ms-marco-MiniLM-L-6-v2").reranker
+        'cross-encoder'
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # ingestion
+    embedder: str = Field(
+        default=DEFAULT_EMBEDDER, description="registry name or sentence-transformers model dir"
+    )
+    embed_batch_size: int = Field(default=64, gt=0)
+    tokenizer_model: str = Field(
+        default="smollm2-135m-instruct",
+        description="LLM whose tokenizer measures chunk sizes (engine registry name or dir)",
+    )
+    chunk_size: int = Field(default=256, gt=0, description="max LLM tokens per chunk")
+    chunk_overlap: int = Field(default=32, ge=0, description="tokens repeated from the previous chunk")
+    title_in_embedding: bool = Field(
+        default=True,
+        description="prefix each chunk's document title to the text that is embedded and BM25-indexed",
+    )
+    # retrieval
+    top_k: int = Field(default=4, gt=0)
+    retrieval_mode: RetrievalMode = "hybrid"
+    fusion: Fusion = "weighted"
+    dense_weight: float = Field(
+        default=0.7, ge=0.0, le=1.0, description="weighted fusion: dense share; BM25 gets the rest"
+    )
+    rrf_k: int = Field(default=60, gt=0)
+    fusion_pool: int = Field(
+        default=50, gt=0, description="candidates taken from each retriever before fusion"
+    )
+    # reranking
+    reranker: RerankerName = "none"
+    reranker_model: str | None = Field(
+        default=None, description="local model dir for reranker='cross-encoder'"
+    )
+    rerank_candidates: int = Field(default=20, gt=0, description="first-stage hits handed to the reranker")
+    rerank_weight: float = Field(
+        default=0.3, ge=0.0, le=1.0, description="embedding reranker: share of the window score"
+    )
+    # index
+    index_kind: Literal["auto", "flat", "hnsw"] = "auto"
+    hnsw_threshold: int = Field(default=50_000, gt=0, description="auto: HNSW from this many vectors on")
+    index_dir: Path | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RAGConfig:
+        if self.chunk_overlap >= self.chunk_size:
+            raise ValueError(f"chunk_overlap ({self.chunk_overlap}) must be < chunk_size ({self.chunk_size})")
+        if self.reranker == "cross-encoder" and not self.reranker_model:
+            raise ValueError("reranker='cross-encoder' needs reranker_model (a local model directory)")
+        return self

@@ -1,0 +1,322 @@
+"""Prompt assembly: stable segments first, each tokenized on its own, through the model's chat template.
+
+Layout (SmolLM2's template shown; any HF chat template works, a plain one is used without):
+
+    <|im_start|>system\\n{system}\\n\\n{tools}\\n\\n{pinned}<|im_end|>\\n<|im_start|>user\\n   stable
+    [1] (source: doc-a)\\n{chunk text}\\n\\n  [2] ...                                   chunks
+    Question: {question}<|im_end|>\\n<|im_start|>assistant\\n                            question
+
+Segments tile the prompt: each owns the template scaffolding that follows its content (the first one
+also the scaffolding before it), so ``token_ids[seg.start:seg.end]`` decodes to ``seg.text`` and the
+texts concatenate to the template's rendering. Scaffolding, segment texts, chunk markers and chunk
+bodies are tokenized separately and their ids joined, so the stable prefix (and any run of chunks)
+has the same ids whatever follows it: what the engine's radix cache needs to hit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rag.prompt_order import ORDERS, ChunkLike, PrefixProbe, canonical_key, fit_count, order_indices
+from rag.prompt_template import ChatLayout, default_context_length, fold_system, validate_messages
+
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "ORDERS", "ChunkLike", "Prompt", "PromptAssembler", "Segment"]
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant. Answer the question using only the numbered context passages "
+    "in the user's message, and cite the passages you use as [n]. If the passages do not contain "
+    "the answer, say that you do not know."
+)
+TOOLS_HEADER = "You can call these tools (JSON schemas):\n"
+PINNED_HEADER = "Background:\n"
+QUESTION_TEMPLATE = "Question: {question}"
+CHUNK_TEMPLATE = " (source: {doc_id})\n{text}"  # follows the "[n]" marker
+# Separators lead the piece after them: a piece that ends in "\n\n" tokenizes it as one token where
+# the whole text would give "\n", "\n" (byte-level BPE splits whitespace before a word that way).
+SEPARATOR = "\n\n"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A named run of prompt tokens, ``token_ids[start:end]``; ``text`` is what those ids decode to."""
+
+    name: str
+    start: int
+    end: int
+    stable: bool
+    text: str = ""
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Token ids for the engine plus where each segment lies in them.
+
+    ``stable_length``: tokens of the prefix that is identical for every prompt of this assembler.
+    ``chunk_ids`` / ``chunks``: the chunks used, in prompt order (``[n]`` cites ``chunks[n - 1]``).
+    ``dropped_chunk_ids``: chunks left out to fit the context budget, best-ranked first.
+    """
+
+    token_ids: list[int]
+    segments: list[Segment]
+    stable_length: int = 0
+    chunk_ids: list[str] = field(default_factory=list)
+    dropped_chunk_ids: list[str] = field(default_factory=list)
+    chunks: list[Any] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(seg.text for seg in self.segments)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class _Part:
+    """A segment under construction: its pieces' ids and text."""
+
+    name: str
+    stable: bool
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+
+    def add(self, text: str, ids: list[int]) -> _Part:
+        self.text += text
+        self.ids += ids
+        return self
+
+
+class PromptAssembler:
+    """Lays out system prompt, tools, pinned context, retrieved chunks and question as token ids.
+
+    Example:
+        >>> from engine.models import load_tokenizer
+        >>> asm = PromptAssembler(load_tokenizer(), order="canonical", max_tokens=256)  # doctest: +SKIP
+        >>> prompt = asm.assemble("What is X?", retriever_hits)                         # doctest: +SKIP
+        >>> prompt.token_ids[: prompt.stable_length] == asm.stable_ids                  # doctest: +SKIP
+        True
+        >>> [s.name for s in prompt.segments]                                           # doctest: +SKIP
+        ['system', 'chunk:3f2a', 'chunk:9c1e', 'question']
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        tools: list[dict[str, Any]] | None = None,
+        pinned_context: str | None = None,
+        order: str = "relevance",
+        max_context_tokens: int | None = None,
+        max_tokens: int = 256,
+        prefix_probe: PrefixProbe | None = None,
+    ) -> None:
+        if order not in ORDERS:
+            raise ValueError(f"unknown chunk order {order!r}; allowed: {', '.join(ORDERS)}")
+        if not isinstance(system_prompt, str):
+            raise ValueError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
+        if prefix_probe is not None and not callable(prefix_probe):
+            raise ValueError("prefix_probe must be a callable (token ids -> cached length) or None")
+        if not callable(tokenizer):
+            raise ValueError(f"tokenizer must be a Hugging Face tokenizer, got {type(tokenizer).__name__}")
+        self.max_context_tokens = (
+            default_context_length(tokenizer) if max_context_tokens is None else max_context_tokens
+        )
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        if not isinstance(self.max_context_tokens, int) or self.max_context_tokens <= max_tokens:
+            raise ValueError(
+                f"max_context_tokens ({self.max_context_tokens!r}) must be an int larger than "
+                f"max_tokens ({max_tokens})"
+            )
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.tools_text = render_tools(tools or [])
+        self.pinned_context = pinned_context or ""
+        self.order = order
+        self.max_tokens = max_tokens
+        self.prefix_probe = prefix_probe
+        self._layout = ChatLayout(tokenizer)
+        self._stable_parts, self._tail = self._build_stable()
+        self.stable_ids: list[int] = [i for part in self._stable_parts for i in part.ids]
+        if len(self.stable_ids) >= self.budget:
+            raise ValueError(
+                f"system prompt, tools and pinned context take {len(self.stable_ids)} tokens, leaving no "
+                f"room in the budget of {self.budget} (max_context_tokens - max_tokens)"
+            )
+
+    @property
+    def budget(self) -> int:
+        """Prompt tokens allowed: the context window minus what is reserved for generation."""
+        return self.max_context_tokens - self.max_tokens
+
+    def assemble(self, question: str, chunks: Sequence[ChunkLike]) -> Prompt:
+        """Token ids for a grounded question; ``chunks`` ranked best first (lowest ranks drop first)."""
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"question must be a non-empty string, got {question!r}")
+        ranked = _dedupe(chunks)
+        bodies = self._layout.encode_many([chunk_body(c) for c in ranked])
+        question_part, kept = self._fit(question, bodies)
+
+        def ids_at(i: int, pos: int) -> list[int]:
+            return self._marker(pos) + bodies[i]
+
+        perm = order_indices(self.order, ranked[:kept], self.stable_ids, ids_at, self.prefix_probe)
+        chunk_parts = [self._chunk_part(ranked[i], pos, bodies[i]) for pos, i in enumerate(perm)]
+        return _join(
+            [*self._stable_parts, *chunk_parts, question_part],
+            chunks=[ranked[i] for i in perm],
+            dropped=[str(c.chunk_id) for c in ranked[kept:]],
+        )
+
+    def _fit(self, question: str, bodies: list[list[int]]) -> tuple[_Part, int]:
+        """The question part and how many best-ranked chunks fit beside it within the budget."""
+        alone = self._question_part(question, after_chunks=False)
+        base = len(self.stable_ids) + len(alone.ids)
+        if base > self.budget:
+            raise ValueError(
+                f"question takes {len(alone.ids)} tokens; with the {len(self.stable_ids)}-token "
+                f"stable prefix that is {base}, over the budget of {self.budget} tokens "
+                f"(max_context_tokens {self.max_context_tokens} - max_tokens {self.max_tokens})"
+            )
+        if not bodies:
+            return alone, 0
+        after = self._question_part(question, after_chunks=True)
+        lengths = [len(self._marker(n)) + len(b) for n, b in enumerate(bodies)]
+        kept = fit_count(len(self.stable_ids) + len(after.ids), lengths, self.budget)
+        return (after, kept) if kept else (alone, 0)
+
+    def assemble_messages(self, messages: Sequence[Mapping[str, str]]) -> Prompt:
+        """Token ids for a plain chat, one segment per message (``"<role>:<index>"``).
+
+        Each message is tokenized on its own, so turn N's ids are a prefix of turn N+1's ids and a
+        multi-turn conversation hits the prefix cache. Leading system messages are the stable part.
+        """
+        msgs = validate_messages(messages)
+        try:
+            scaffold = self._layout.scaffold([m["role"] for m in msgs])
+        except ValueError:
+            if msgs[0]["role"] != "system" or len(msgs) < 2:
+                raise
+            msgs = fold_system(msgs)  # template without a system role (Gemma-style)
+            scaffold = self._layout.scaffold([m["role"] for m in msgs])
+        contents = self._layout.encode_many([m["content"] for m in msgs])
+        parts: list[_Part] = []
+        leading_system = True
+        for i, (msg, ids) in enumerate(zip(msgs, contents, strict=True)):
+            leading_system = leading_system and msg["role"] == "system"
+            part = _Part(f"{msg['role']}:{i}", leading_system)
+            if i == 0:
+                part.add(scaffold[0], self._layout.encode(scaffold[0], content=False))
+            after = scaffold[i + 1]
+            parts.append(part.add(msg["content"], ids).add(after, self._layout.encode(after, content=False)))
+        prompt = _join(parts, chunks=[], dropped=[])
+        if len(prompt) > self.budget:
+            raise ValueError(
+                f"conversation takes {len(prompt)} tokens, over the budget of {self.budget} tokens "
+                f"(max_context_tokens {self.max_context_tokens} - max_tokens {self.max_tokens})"
+            )
+        return prompt
+
+    # -- pieces -----------------------------------------------------------------------------------
+    def _build_stable(self) -> tuple[list[_Part], str]:
+        """Stable parts (ids computed once) and the scaffolding that closes the user message."""
+        texts = [
+            ("system", self.system_prompt),
+            ("tools", self.tools_text),
+            ("pinned", PINNED_HEADER + self.pinned_context if self.pinned_context else ""),
+        ]
+        present = [(name, text) for name, text in texts if text]
+        head, middle, tail = self._rag_scaffold(bool(present))
+        parts: list[_Part] = []
+        for n, (name, text) in enumerate(present):
+            part = _Part(name, True)
+            if n == 0:
+                part.add(head, self._layout.encode(head, content=False))
+            piece = text if n == 0 else SEPARATOR + text
+            parts.append(part.add(piece, self._layout.encode(piece)))
+        if not parts:  # no system content: the template's own default system message, if any
+            parts.append(_Part("system", True).add(head, self._layout.encode(head, content=False)))
+        parts[-1].add(middle, self._layout.encode(middle, content=False))
+        return [p for p in parts if p.ids], tail
+
+    def _rag_scaffold(self, has_system: bool) -> tuple[str, str, str]:
+        """(before system content, between it and the user content, after the user content)."""
+        if has_system:
+            try:
+                head, middle, tail = self._layout.scaffold(("system", "user"))
+                return head, middle, tail
+            except ValueError:
+                pass  # no system role: system content opens the user message instead
+        head, tail = self._layout.scaffold(("user",))
+        return head, SEPARATOR if has_system else "", tail
+
+    def _marker(self, pos: int) -> list[int]:
+        return self._layout.encode(_marker_text(pos))
+
+    def _chunk_part(self, chunk: ChunkLike, pos: int, body_ids: list[int]) -> _Part:
+        marker = _marker_text(pos)
+        part = _Part(f"chunk:{chunk.chunk_id}", False).add(marker, self._marker(pos))
+        return part.add(chunk_body(chunk), body_ids)
+
+    def _question_part(self, question: str, after_chunks: bool) -> _Part:
+        text = (SEPARATOR if after_chunks else "") + QUESTION_TEMPLATE.format(question=question.strip())
+        part = _Part("question", False).add(text, self._layout.encode(text))
+        return part.add(self._tail, self._layout.encode(self._tail, content=False))
+
+
+def render_tools(tools: list[dict[str, Any]]) -> str:
+    """Tool schemas, one canonical JSON per line (sorted keys, no whitespace), in the given order."""
+    lines = []
+    for n, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise ValueError(f"tools[{n}] must be a dict (a JSON schema), got {type(tool).__name__}")
+        try:
+            lines.append(json.dumps(tool, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"tools[{n}] is not JSON-serialisable: {exc}") from exc
+    return TOOLS_HEADER + "\n".join(lines) if lines else ""
+
+
+def _marker_text(pos: int) -> str:
+    return f"{SEPARATOR if pos else ''}[{pos + 1}]"
+
+
+def chunk_body(chunk: ChunkLike) -> str:
+    """A chunk as it appears after its ``[n]`` marker (position-independent, so memoisable)."""
+    return CHUNK_TEMPLATE.format(doc_id=chunk.doc_id, text=chunk.text.strip())
+
+
+def _dedupe(chunks: Sequence[ChunkLike]) -> list[ChunkLike]:
+    """Drop repeats of a (doc_id, chunk_id), keeping the best-ranked one."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for chunk in chunks:
+        key = canonical_key(chunk)
+        if key not in seen:
+            seen.add(key)
+            out.append(chunk)
+    return out
+
+
+def _join(parts: list[_Part], chunks: list[Any], dropped: list[str]) -> Prompt:
+    ids: list[int] = []
+    segments = []
+    for part in parts:
+        segments.append(Segment(part.name, len(ids), len(ids) + len(part.ids), part.stable, part.text))
+        ids += part.ids
+    stable = max((s.end for s in segments if s.stable), default=0)
+    return Prompt(
+        token_ids=ids,
+        segments=segments,
+        stable_length=stable,
+        chunk_ids=[str(c.chunk_id) for c in chunks],
+        dropped_chunk_ids=dropped,
+        chunks=chunks,
+    )

@@ -1,0 +1,157 @@
+"""Second-stage reranking of first-stage hits.
+
+- ``Reranker``: the role (a ``typing.Protocol``): ``rerank(query, hits, top_k) -> list[ScoredChunk]``.
+- ``NoReranker``: keeps the first-stage order (the measured default; see ``rag.evaluate``).
+- ``EmbeddingReranker``: needs no extra model. It re-embeds each candidate as overlapping windows of
+  ``window_tokens`` (a 256-token chunk is longer than MiniLM reads, and one sentence can drown in a
+  long chunk), takes the best window's cosine, and fuses it with the first-stage score.
+  Window vectors are cached per chunk id.
+- ``CrossEncoderReranker``: a sentence-transformers ``CrossEncoder`` from any local directory.
+
+Example:
+    >>> reranker = EmbeddingReranker(embedder, chunker)           # doctest: +SKIP
+    >>> reranker.rerank("what does pass do?", hits, top_k=4)      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from rag.chunking import Chunker
+from rag.documents import ScoredChunk
+from rag.embedder import Embedder, _hub_offline
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    """Reorders first-stage hits for a query and keeps the best ``top_k``."""
+
+    def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int) -> list[ScoredChunk]: ...
+
+
+def _check_top_k(top_k: int) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+
+
+def _minmax(values: np.ndarray) -> np.ndarray:
+    span = float(values.max() - values.min()) if len(values) else 0.0
+    return (values - values.min()) / span if span > 0 else np.zeros_like(values)
+
+
+class NoReranker:
+    """Keeps the first-stage order: ``hits[:top_k]``.
+
+    Example:
+        >>> NoReranker().rerank("q", [], top_k=3)
+        []
+    """
+
+    def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int) -> list[ScoredChunk]:
+        _check_top_k(top_k)
+        return list(hits[:top_k])
+
+
+class EmbeddingReranker:
+    """Re-scores hits by their best-matching window, fused with the first-stage score.
+
+    ``score = (1 - weight) * minmax(first-stage score) + weight * minmax(best window cosine)``,
+    normalised over the candidate list. Windows are ``window_tokens`` LLM tokens with ``window_overlap``
+    overlap, each prefixed with the chunk's title (``metadata["title"]``) when there is one.
+
+    Example:
+        >>> reranker = EmbeddingReranker(Embedder(), Chunker(), weight=0.3)   # doctest: +SKIP
+        >>> [h.chunk_id for h in reranker.rerank(query, hits, top_k=4)]      # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        chunker: Chunker | None = None,
+        weight: float = 0.3,
+        window_tokens: int = 96,
+        window_overlap: int = 32,
+        cache_size: int = 4096,
+    ) -> None:
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"weight must be in [0, 1], got {weight}")
+        self.embedder = embedder
+        self.windows = (chunker or Chunker()).resized(window_tokens, window_overlap)
+        self.weight = weight
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # chunk id -> [windows, dim]
+
+    def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int) -> list[ScoredChunk]:
+        _check_top_k(top_k)
+        if len(hits) <= 1:
+            return list(hits[:top_k])
+        q = self.embedder.embed_query(query)  # [dim]
+        self._embed_missing(hits)
+        window_best = np.array([float((self._cache[h.chunk_id] @ q).max()) for h in hits])
+        first = np.array([h.score for h in hits])
+        fused = (1 - self.weight) * _minmax(first) + self.weight * _minmax(window_best)
+        order = np.argsort(-fused, kind="stable")[:top_k]
+        return [hits[i].model_copy(update={"score": float(fused[i])}) for i in order.tolist()]
+
+    def _embed_missing(self, hits: Sequence[ScoredChunk]) -> None:
+        """Embed the windows of hits not in the cache, in one batch."""
+        owners, texts = [], []
+        for hit in dict((h.chunk_id, h) for h in hits if h.chunk_id not in self._cache).values():
+            title = hit.metadata.get("title")
+            for start, end in self.windows.spans(hit.text) or [(0, len(hit.text))]:
+                owners.append(hit.chunk_id)
+                texts.append(f"{title}\n\n{hit.text[start:end]}" if title else hit.text[start:end])
+        if texts:
+            vectors = self.embedder.embed(texts)  # [n_windows, dim]
+            for chunk_id in dict.fromkeys(owners):
+                self._cache[chunk_id] = vectors[[i for i, o in enumerate(owners) if o == chunk_id]]
+        for hit in hits:
+            self._cache.move_to_end(hit.chunk_id)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+
+class CrossEncoderReranker:
+    """Scores (query, chunk) pairs with a sentence-transformers CrossEncoder from a local directory.
+
+    The model is loaded with the Hugging Face hub forced offline (nothing is downloaded).
+
+    Example:
+        >>> reranker = CrossEncoderReranker("/models/ms-marco-MiniLM-L-6-v2")   # doctest: +SKIP
+        >>> reranker.rerank("what does pass do?", hits, top_k=4)[0].score      # doctest: +SKIP
+        8.91
+    """
+
+    def __init__(self, model_path: str | os.PathLike[str], batch_size: int = 16, device: str = "cpu") -> None:
+        path = Path(model_path).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"cross-encoder model_path {str(model_path)!r} is not a local model directory")
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        self.path, self.batch_size, self.device = path.resolve(), batch_size, device
+        self._model: Any = None
+
+    def warm_up(self) -> None:
+        """Load the model (idempotent)."""
+        if self._model is None:
+            from sentence_transformers import CrossEncoder
+
+            with _hub_offline():
+                self._model = CrossEncoder(str(self.path), device=self.device, local_files_only=True)
+
+    def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int) -> list[ScoredChunk]:
+        _check_top_k(top_k)
+        if not hits:
+            return []
+        self.warm_up()
+        pairs = [(query, h.text) for h in hits]
+        scores = np.asarray(self._model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False))
+        scores = scores.reshape(len(hits), -1)[:, -1]  # one logit per pair (last column if several)
+        order = np.argsort(-scores, kind="stable")[:top_k]
+        return [hits[i].model_copy(update={"score": float(scores[i])}) for i in order.tolist()]

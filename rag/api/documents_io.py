@@ -89,32 +89,18 @@ def documents_from_upload(files: list[Any]) -> list[Any]:
 
 
 def _read(path: Path, name: str) -> tuple[str, dict[str, Any]]:
-    """The text of a file by its extension (rag.loaders when available; UTF-8 text otherwise)."""
+    """The text of a file by its extension (``rag.loaders.read_file``: text, Markdown, HTML, PDF)."""
+    from rag.loaders import read_file
+
     try:
-        from rag.loaders import read_file
-    except ImportError:
-        read_file = None
-    if read_file is not None:
-        try:
-            text, extra = read_file(path)
-        except Exception as exc:  # the loaders' own "cannot read" (binary, broken PDF, ...)
-            raise UploadError(f"cannot read {name!r}: {exc}", status=415, code="unsupported_file") from exc
-        extra = {k: v for k, v in dict(extra).items() if k != "source"}
-    else:
-        raw = path.read_bytes()
-        if b"\x00" in raw:
-            raise UploadError(f"cannot read {name!r}: binary file", status=415, code="unsupported_file")
-        try:
-            text, extra = raw.decode("utf-8"), {}
-        except UnicodeDecodeError as exc:
-            raise UploadError(
-                f"cannot read {name!r}: not UTF-8 text", status=415, code="unsupported_file"
-            ) from exc
+        text, extra = read_file(path)
+    except Exception as exc:  # the loader's "cannot read" (binary, broken PDF, bad encoding, ...)
+        raise UploadError(f"cannot read {name!r}: {exc}", status=415, code="unsupported_file") from exc
     if "\x00" in text:
         raise UploadError(
             f"cannot read {name!r}: it contains NUL characters", status=415, code="unsupported_file"
         )
-    return text, extra
+    return text, {k: v for k, v in extra.items() if k != "source"}
 
 
 def info_out(item: Any) -> DocumentOut:

@@ -68,6 +68,7 @@ class Services:
         if self.engine is not None and (pipeline is not None or pipeline_factory is None):
             self._loaded.set()
         self._loader: threading.Thread | None = None
+        self._assembler: Any = None  # chat messages -> Prompt; False when none applies
 
     # ---- lifecycle ------------------------------------------------------------------------------
     @property
@@ -119,6 +120,26 @@ class Services:
             raise ServiceUnavailable("no document pipeline is configured on this server", retry_after_s=None)
         return self.pipeline
 
+    def chat_prompt(self, messages: list[dict[str, str]]) -> Any:
+        """Token ids for chat messages, tokenized message by message (the pipeline's assembler, or one
+        over the engine's tokenizer) so each turn's ids are a prefix of the next turn's and multi-turn
+        chats hit the cache; the messages themselves when no assembler applies."""
+        assemble = self._chat_assembler()
+        if assemble is None:
+            return messages
+        try:
+            return list(assemble(messages).token_ids)
+        except ValueError:  # e.g. over the context: the engine's own check gives the clear message
+            return messages
+
+    def _chat_assembler(self) -> Any:
+        if self._assembler is None:
+            assemble = getattr(self.pipeline, "assemble_messages", None)
+            if assemble is None:
+                assemble = _engine_assembler(self.engine)
+            self._assembler = assemble or False
+        return self._assembler or None
+
     def model_names(self) -> list[str]:
         engine = self.engine
         names = [engine.model_id] if engine is not None else []
@@ -129,3 +150,18 @@ class Services:
             return None
         stats: dict[str, Any] = self.engine.stats()
         return stats
+
+
+def _engine_assembler(engine: Any) -> Any:
+    """``PromptAssembler.assemble_messages`` over the engine's tokenizer, or None if it cannot apply."""
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        from rag.prompt import PromptAssembler
+
+        assembler = PromptAssembler(tokenizer, max_context_tokens=int(engine.max_context), max_tokens=1)
+    except (ImportError, ValueError) as exc:
+        log.info("chat prompts use the engine's chat template: %s", exc)
+        return None
+    return assembler.assemble_messages

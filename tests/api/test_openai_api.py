@@ -215,3 +215,16 @@ def test_remote_engine_against_the_server(server, engine):
         assert remote.stats()["object"] == "cache.stats"
     finally:
         remote.close()
+
+
+def test_multi_turn_reuses_the_previous_turn(client, engine):
+    """Messages are tokenized one by one, so turn 2's prompt starts with turn 1's ids (and its reply)."""
+    turn1 = _messages("What is the secret code?")
+    r1 = client.chat.completions.create(model=engine.model_id, messages=turn1, max_tokens=10, temperature=0)
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": "And who leads the team?"},
+    ]
+    r2 = client.chat.completions.create(model=engine.model_id, messages=turn2, max_tokens=6, temperature=0)
+    assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens

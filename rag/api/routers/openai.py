@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Request, Response
 
 from rag.api.bridge import SSE_HEADERS, ClosingStreamingResponse
@@ -60,7 +61,7 @@ async def chat_completions(
         body, settings, max_tokens=max_tokens, default_max_tokens=settings.default_max_tokens
     )
     messages = chat_messages(body.messages, settings)
-    prompt = _chat_prompt(services, messages)
+    prompt = await anyio.to_thread.run_sync(services.chat_prompt, messages, limiter=services.limiter)
     gen = await Generation.start(
         services, "chat", prompt, params, namespace=principal.namespace(body.cache_salt)
     )
@@ -153,15 +154,6 @@ def _check_model(services: Services, requested: str | None) -> str:
             code="model_not_found",
         )
     return names[0]
-
-
-def _chat_prompt(services: Services, messages: list[dict[str, str]]) -> Any:
-    """Token ids from the pipeline's segment-wise assembler when there is one (so each turn's prefix
-    tokenizes identically and hits the cache), else the messages for the engine's chat template."""
-    assemble = getattr(services.pipeline, "assemble_messages", None)
-    if assemble is None:
-        return messages
-    return list(assemble(messages).token_ids)
 
 
 def _finish(reason: str) -> str:

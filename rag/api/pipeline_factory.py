@@ -1,12 +1,21 @@
-"""Build the document pipeline around a loaded engine (needs rag.pipeline)."""
+"""Build the document pipeline around a loaded engine (``rag.pipeline.Pipeline``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rag.api.settings import Settings
-from rag.pipeline import Pipeline  # noqa: F401  (ImportError here: no pipeline in this install)
+from rag.pipeline import Pipeline
 
 
-def build_pipeline(settings: Settings, engine: Any) -> Any:
-    raise NotImplementedError
+def build_pipeline(settings: Settings, engine: Any) -> Pipeline:
+    """The pipeline for ``settings.rag`` over ``engine``; opens the index saved in ``settings.index_dir``
+    when there is one (else starts empty and saves there on the first change). With
+    ``settings.warm_up`` the embedder and tokenizer load now rather than on the first question."""
+    config = settings.rag
+    if settings.index_dir is not None:
+        config = config.model_copy(update={"index_dir": settings.index_dir})
+    pipeline = Pipeline.from_config(config, engine=engine)
+    if settings.warm_up:
+        pipeline.warm_up()
+    return pipeline

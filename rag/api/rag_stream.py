@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 from starlette.requests import Request
 
+from engine.sampling import SamplingParams
 from rag.api.bridge import iterate_in_thread, run_until_disconnect
 from rag.api.errors import InvalidRequest
 from rag.api.limits import Slot
@@ -47,6 +48,7 @@ class AskRun:
         self.sources: list[SourceOut] = []
         self.usage: AskUsage | None = None
         self.timings: TimingsOut | None = None
+        self.finish_reason = "stop"
 
     @classmethod
     async def start(
@@ -63,8 +65,11 @@ class AskRun:
         errors and a full queue are answered with their status rather than in-band."""
         slot = services.admission.enter()
         kwargs: dict[str, Any] = {"top_k": top_k, "namespace": namespace}
-        if max_tokens is not None:
-            kwargs["max_tokens"] = max_tokens
+        if max_tokens is not None:  # the pipeline's own temperature, a shorter (or longer) answer
+            config = getattr(pipeline, "config", None)
+            kwargs["params"] = SamplingParams(
+                max_tokens=max_tokens, temperature=float(getattr(config, "temperature", 0.0))
+            )
 
         def begin() -> tuple[Iterator[Any], Any]:
             it = iter(pipeline.stream(question, **kwargs))
@@ -123,6 +128,7 @@ class AskRun:
             usage=self.usage
             or AskUsage(prompt_tokens=0, cached_tokens=0, completion_tokens=0, total_tokens=0),
             timings=self.timings or TimingsOut(retrieve_ms=0, rerank_ms=0, ttft_ms=0, total_ms=0),
+            finish_reason=self.finish_reason,
         )
 
     # ---- the pipeline's events -> (kind, payload) ---------------------------------------------
@@ -138,18 +144,30 @@ class AskRun:
                 self.text.append(text)
                 out.append(("delta", {"text": text}))
         elif kind == "usage":
-            u = payload
-            self.usage = AskUsage(
-                prompt_tokens=int(u.get("prompt_tokens", 0)),
-                cached_tokens=int(u.get("cached_tokens", 0)),
-                completion_tokens=int(u.get("completion_tokens", 0)),
-                total_tokens=int(u.get("prompt_tokens", 0)) + int(u.get("completion_tokens", 0)),
-            )
-            out.append(("usage", self.usage.model_dump()))
+            self._usage(payload)
+            out.append(("usage", self.usage.model_dump() if self.usage else {}))
         elif kind == "timings":
             self.timings = TimingsOut.model_validate(payload)
             out.append(("timings", self.timings.model_dump()))
+        elif kind == "done":  # the final event carries the whole Answer: usage and timings from it
+            answer = payload.get("answer") or {}
+            if answer.get("usage"):
+                self._usage(answer["usage"])
+                out.append(("usage", self.usage.model_dump() if self.usage else {}))
+            if answer.get("timings"):
+                self.timings = TimingsOut.model_validate(answer["timings"])
+                out.append(("timings", self.timings.model_dump()))
+            self.finish_reason = str(answer.get("finish_reason") or "stop")
         return out
+
+    def _usage(self, u: dict[str, Any]) -> None:
+        prompt, completion = int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0))
+        self.usage = AskUsage(
+            prompt_tokens=prompt,
+            cached_tokens=int(u.get("cached_tokens", 0)),
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+        )
 
     def _observe(self) -> None:
         if self.usage is None or self.timings is None:
@@ -171,7 +189,7 @@ async def ask_frames(run: AskRun) -> AsyncGenerator[str, None]:
         async with aclosing(run.events()) as events:
             async for kind, payload in events:
                 yield event(kind, payload)
-        yield event("done", {"id": run.id, "model": run.model})
+        yield event("done", {"id": run.id, "model": run.model, "finish_reason": run.finish_reason})
     except anyio.get_cancelled_exc_class():
         run.services.metrics.disconnects.labels("ask").inc()
         raise

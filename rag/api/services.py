@@ -108,17 +108,23 @@ class Services:
 
     # ---- accessors routers use ----------------------------------------------------------------
     def ready_engine(self) -> Any:
+        """The engine, once loaded (an injected one at once; the pipeline may still be loading)."""
+        engine = self.engine
+        if engine is not None:
+            return engine
         if self.error is not None:
             raise ServiceUnavailable(f"the model failed to load: {self.error}", retry_after_s=None)
-        if self.engine is None or not self._loaded.is_set():
-            raise ServiceUnavailable("the model is still loading; retry shortly")
-        return self.engine
+        raise ServiceUnavailable("the model is still loading; retry shortly")
 
     def ready_pipeline(self) -> Any:
-        self.ready_engine()
-        if self.pipeline is None:
+        pipeline = self.pipeline
+        if pipeline is not None:
+            return pipeline
+        if self.error is not None:
+            raise ServiceUnavailable(f"the pipeline failed to load: {self.error}", retry_after_s=None)
+        if self._pipeline_factory is None:
             raise ServiceUnavailable("no document pipeline is configured on this server", retry_after_s=None)
-        return self.pipeline
+        raise ServiceUnavailable("the document pipeline is still loading; retry shortly")
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> Any:
         """Token ids for chat messages, tokenized message by message (the pipeline's assembler, or one
@@ -146,7 +152,7 @@ class Services:
         return names + [a for a in self.settings.served_model_aliases if a not in names]
 
     def _engine_stats(self) -> dict[str, Any] | None:
-        if self.engine is None or not self._loaded.is_set():
+        if self.engine is None:
             return None
         stats: dict[str, Any] = self.engine.stats()
         return stats

@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.config import EngineConfig
+from rag.config import RAGConfig
 
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$")
 
@@ -27,6 +28,7 @@ class Settings(BaseSettings):
         PREFIXRAG_API_KEYS='{"sk-alice": "alice", "sk-bob": "bob"}'
         PREFIXRAG_ADMIN_KEY=sk-admin
         PREFIXRAG_ENGINE__CACHE_BYTES=536870912
+        PREFIXRAG_RAG__TOP_K=6
         PREFIXRAG_INDEX_DIR=/srv/prefixrag/index
     """
 
@@ -40,6 +42,7 @@ class Settings(BaseSettings):
 
     # what to serve
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    rag: RAGConfig = Field(default_factory=RAGConfig)
     index_dir: Path | None = Field(
         default=None, description="where the document index lives; loaded at start, saved after each change"
     )
@@ -68,7 +71,10 @@ class Settings(BaseSettings):
     max_messages: int = Field(default=256, ge=1)
     max_documents_per_request: int = Field(default=1000, ge=1)
 
-    # pages
+    # startup and pages
+    warm_up: bool = Field(
+        default=True, description="load the embedder and tokenizer at startup, not on the first question"
+    )
     enable_ui: bool = True
 
     @field_validator("api_keys")

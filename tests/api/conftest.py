@@ -38,11 +38,18 @@ def engine(loaded_model: Any) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def serve() -> Serve:
-    """``with serve(settings, engine=...) as server:`` a live server; stopped when the block ends."""
+    """``with serve(settings, engine=...) as server:`` a live server; stopped when the block ends.
+
+    Without an injected pipeline the app builds one around the engine; the fixture turns its warm-up
+    off (the embedder then loads on a first question, which engine-only tests never ask).
+    """
 
     @contextmanager
     def _serve(settings: Settings | None = None, **app_kwargs: Any) -> Iterator[BackgroundServer]:
-        app = create_app(settings or Settings(), **app_kwargs)
+        settings = settings or Settings()
+        if app_kwargs.get("pipeline") is None:
+            settings = settings.model_copy(update={"warm_up": False})
+        app = create_app(settings, **app_kwargs)
         with BackgroundServer(app) as server:
             yield server
 

@@ -49,6 +49,7 @@ class AskResponse(BaseModel):
     sources: list[SourceOut]
     usage: AskUsage
     timings: TimingsOut
+    finish_reason: str = "stop"
 
 
 class DocumentIn(BaseModel):

@@ -1,0 +1,233 @@
+"""/v1/ask and /v1/documents on a live server over the real Pipeline (engine, embedder, index)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rag.api import Settings
+from tests.api.helpers import assert_error, wait_until
+
+pipeline_mod = pytest.importorskip("rag.pipeline", reason="rag.pipeline (the Pipeline) is not available yet")
+
+DOCS = [
+    {
+        "id": "zorblax.md",
+        "text": "# Zorblax\n\nThe Zorblax project started in 2019 in Lyon. Its secret code is 4417.",
+        "metadata": {"team": "research"},
+    },
+    {
+        "id": "team.md",
+        "text": "# Team\n\nThe Zorblax team has nine members. It is led by Ada Brennan and meets every Tuesday.",
+    },
+    {"id": "bakery.md", "text": "# Bakery\n\nThe bakery on Rue Mercière opens at seven and sells brioche."},
+]
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("index")
+
+
+@pytest.fixture(scope="module")
+def settings(index_dir) -> Settings:
+    return Settings(index_dir=index_dir, max_body_bytes=256 * 1024, max_question_chars=500, max_top_k=8)
+
+
+@pytest.fixture(scope="module")
+def pipeline(settings, engine):
+    from rag.api.pipeline_factory import build_pipeline
+
+    return build_pipeline(settings, engine)
+
+
+@pytest.fixture(scope="module")
+def server(serve, settings, pipeline):
+    with serve(settings, pipeline=pipeline) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        yield client
+
+
+def _ask(http, question: str, **extra) -> dict:
+    reply = http.post("/v1/ask", json={"question": question, "max_tokens": 16, **extra})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def _sse(reply: httpx.Response) -> list[tuple[str, dict]]:
+    events = []
+    for frame in reply.text.split("\n\n"):
+        if not frame.strip():
+            continue
+        lines = dict(line.split(": ", 1) for line in frame.split("\n"))
+        events.append((lines["event"], json.loads(lines["data"])))
+    return events
+
+
+def test_empty_index_still_answers(http):
+    answer = _ask(http, "What is the capital of France?")
+    assert answer["object"] == "answer" and answer["sources"] == []
+    assert answer["text"].strip()
+    assert answer["usage"]["prompt_tokens"] > 0
+    assert set(answer["timings"]) == {"retrieve_ms", "rerank_ms", "ttft_ms", "total_ms"}
+
+
+def test_add_list_get_documents(http):
+    reply = http.post("/v1/documents", json=DOCS)
+    assert reply.status_code == 201, reply.text
+    assert reply.json()["ids"] == [d["id"] for d in DOCS]
+    listed = http.get("/v1/documents").json()["data"]
+    assert {d["id"] for d in listed} >= {d["id"] for d in DOCS}
+    doc = http.get("/v1/documents/zorblax.md").json()
+    assert doc["text"] == DOCS[0]["text"] and doc["metadata"]["team"] == "research"
+    assert doc["chunks"] >= 1
+    wrapped = http.post("/v1/documents", json={"documents": [{"text": "An id-less note about brioche."}]})
+    assert wrapped.status_code == 201 and wrapped.json()["ids"][0].startswith("doc-")
+
+
+def test_ask_uses_sources_and_the_cache(http):
+    first = _ask(http, "What is the secret code of the Zorblax project?", top_k=2)
+    assert first["sources"] and first["sources"][0]["doc_id"] == "zorblax.md"
+    assert set(first["sources"][0]) == {"doc_id", "chunk_id", "score", "text"}
+    assert len(first["sources"]) <= 2
+    again = _ask(http, "What is the secret code of the Zorblax project?", top_k=2)
+    assert again["usage"]["cached_tokens"] > 0
+    assert again["text"] == first["text"]
+    assert (
+        again["usage"]["total_tokens"]
+        == again["usage"]["prompt_tokens"] + again["usage"]["completion_tokens"]
+    )
+
+
+def test_ask_stream_event_order(http):
+    reply = http.post("/v1/ask", json={"question": "Who leads the team?", "stream": True, "max_tokens": 12})
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+    events = _sse(reply)
+    kinds = [k for k, _ in events]
+    assert kinds[0] == "sources" and kinds[-3:] == ["usage", "timings", "done"]
+    assert set(kinds[1:-3]) == {"delta"}
+    text = "".join(d["text"] for k, d in events if k == "delta")
+    plain = _ask(http, "Who leads the team?", max_tokens=12)
+    assert text == plain["text"]
+
+
+def test_upload_files(http, index_dir):
+    files = [
+        ("file", ("notes.md", b"# Notes\n\nThe Lyon office has a blue door.", "text/markdown")),
+        ("file", ("../../../etc/evil name.txt", b"Path tricks do not work here.", "text/plain")),
+    ]
+    reply = http.post("/v1/documents", files=files)
+    assert reply.status_code == 201, reply.text
+    assert reply.json()["ids"] == ["notes.md", "evil_name.txt"]
+    assert not Path("/etc/evil name.txt").exists()
+    assert http.get("/v1/documents/evil_name.txt").json()["metadata"]["filename"] == "evil_name.txt"
+    binary = http.post(
+        "/v1/documents", files=[("file", ("blob.bin", bytes(range(256)) * 4, "application/octet-stream"))]
+    )
+    assert_error(binary, 415)
+    big = http.post("/v1/documents", files=[("file", ("big.txt", b"a" * (300 * 1024), "text/plain"))])
+    assert_error(big, 413, code="request_too_large")
+
+
+def test_delete_and_unknown_ids(http):
+    assert http.post("/v1/documents", json=[{"id": "temp.md", "text": "Temporary."}]).status_code == 201
+    assert http.delete("/v1/documents/temp.md").json() == {
+        "id": "temp.md",
+        "object": "document",
+        "deleted": True,
+    }
+    assert_error(http.delete("/v1/documents/temp.md"), 404, code="document_not_found")
+    assert_error(http.get("/v1/documents/no-such-doc"), 404, code="document_not_found")
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "contains"),
+    [
+        (b'{"question": ', 400, "not valid JSON"),
+        (b"{}", 422, "question"),
+        (b'{"question": ""}', 422, "question"),
+        (b'{"question": "   "}', 422, "empty"),
+        (json.dumps({"question": "x" * 501}).encode(), 422, "too long"),
+        (b'{"question": "hi", "top_k": 0}', 422, "top_k"),
+        (b'{"question": "hi", "top_k": 9}', 422, "top_k"),
+        (b'{"question": "hi", "top_k": "many"}', 422, "top_k"),
+        (b'{"question": "hi", "colour": "red"}', 422, "colour"),
+    ],
+)
+def test_bad_questions(http, body, status, contains):
+    reply = http.post("/v1/ask", content=body, headers={"content-type": "application/json"})
+    assert_error(reply, status, contains=contains)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status"),
+    [
+        ({"content": b"[{", "headers": {"content-type": "application/json"}}, 400),
+        ({"json": [{"id": "x"}]}, 422),
+        ({"json": []}, 422),
+        ({"json": [{"id": "x", "text": "  "}]}, 422),
+        ({"content": b"hello", "headers": {"content-type": "text/plain"}}, 415),
+    ],
+)
+def test_bad_documents(http, kwargs, status):
+    assert_error(http.post("/v1/documents", **kwargs), status)
+
+
+def test_server_keeps_serving(http):
+    http.post("/v1/ask", content=b"{", headers={"content-type": "application/json"})
+    assert _ask(http, "When does the bakery open?")["text"].strip()
+
+
+def test_ingestion_persists(http, settings, engine):
+    """What was acknowledged is in the saved index: a pipeline loaded from it has the documents."""
+    from rag.api.pipeline_factory import build_pipeline
+
+    assert (
+        http.post("/v1/documents", json=[{"id": "durable.md", "text": "Saved before the 201."}]).status_code
+        == 201
+    )
+    reloaded = build_pipeline(settings, engine)
+    ids = {getattr(d, "id", None) for d in reloaded.list_documents()}
+    assert {"durable.md", "zorblax.md", "notes.md"} <= ids
+
+
+def test_disconnect_mid_ask_stream_releases(server, engine):
+    body = {"question": "Tell me everything about the Zorblax team.", "stream": True, "max_tokens": 300}
+    with httpx.stream("POST", server.url + "/v1/ask", json=body, timeout=120) as reply:
+        lines = reply.iter_lines()
+        deltas = 0
+        for line in lines:
+            if line == "event: delta":
+                deltas += 1
+                if deltas == 2:
+                    break
+    idle = lambda: engine.stats()["running"] == 0 and engine.cache.stats().protected_bytes == 0  # noqa: E731
+    assert wait_until(idle, timeout=20), engine.stats()
+
+
+def test_tenants_do_not_share_the_ask_cache(serve, settings, pipeline):
+    keys = {"sk-ask-tenant-a": "ask-a", "sk-ask-tenant-b": "ask-b"}
+    with serve(settings.model_copy(update={"api_keys": keys}), pipeline=pipeline) as srv:
+
+        def cached(key: str) -> int:
+            reply = httpx.post(
+                srv.url + "/v1/ask",
+                json={"question": "Where did the Zorblax project start?", "max_tokens": 8},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=120,
+            )
+            assert reply.status_code == 200, reply.text
+            return int(reply.json()["usage"]["cached_tokens"])
+
+        cached("sk-ask-tenant-a")
+        assert cached("sk-ask-tenant-a") > 0
+        assert cached("sk-ask-tenant-b") == 0
+        assert_error(httpx.post(srv.url + "/v1/ask", json={"question": "q"}), 401)

@@ -164,8 +164,8 @@ class RemoteEngine:
             total_s=now - start,
             finish_reason=finish or "stop",
             request_id=request_id,
+            reported_completion_tokens=int(usage.get("completion_tokens") or 0),
         )
-        result.phases["completion_tokens"] = float(usage.get("completion_tokens") or 0)
         yield StreamEvent("", [], request_id, finish_reason=result.finish_reason, result=result)
 
     def _raise_for(self, reply: httpx.Response) -> None:

@@ -36,9 +36,12 @@ class GenerationResult:
     prefill_s: float = 0.0
     request_id: str = ""
     phases: dict[str, float] = field(default_factory=dict)  # seconds: match, load, prefill, insert
+    reported_completion_tokens: int | None = None  # a remote server's count, when ids are not known
 
     @property
     def completion_tokens(self) -> int:
+        if self.reported_completion_tokens is not None:
+            return self.reported_completion_tokens
         return len(self.token_ids)
 
     @property

@@ -6,12 +6,15 @@ from rag.documents import Chunk, Document, ScoredChunk
 from rag.embedder import DEFAULT_EMBEDDER, Embedder
 from rag.index import VectorIndex
 from rag.loaders import LoadResult, SkippedFile, load_paths, load_python_reference
+from rag.pipeline import Answer, Pipeline, PipelineEvent, Source, Timings, Usage
+from rag.prompt import Prompt, PromptAssembler, Segment
 from rag.rerank import CrossEncoderReranker, EmbeddingReranker, NoReranker, Reranker
 from rag.retriever import BM25Retriever, DenseRetriever, HybridRetriever, Retriever
 from rag.store import DocumentInfo, IngestStats, KnowledgeBase, SearchResult
 
 __all__ = [
     "DEFAULT_EMBEDDER",
+    "Answer",
     "BM25Retriever",
     "Chunk",
     "Chunker",
@@ -26,12 +29,20 @@ __all__ = [
     "KnowledgeBase",
     "LoadResult",
     "NoReranker",
+    "Pipeline",
+    "PipelineEvent",
+    "Prompt",
+    "PromptAssembler",
     "RAGConfig",
     "Reranker",
     "Retriever",
     "ScoredChunk",
     "SearchResult",
+    "Segment",
     "SkippedFile",
+    "Source",
+    "Timings",
+    "Usage",
     "VectorIndex",
     "load_paths",
     "load_python_reference",

@@ -11,15 +11,18 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine.config import EngineConfig
 from rag.embedder import DEFAULT_EMBEDDER
+from rag.prompt import DEFAULT_SYSTEM_PROMPT
 
 RetrievalMode = Literal["dense", "bm25", "hybrid"]
 Fusion = Literal["weighted", "rrf"]
 RerankerName = Literal["none", "embedding", "cross-encoder"]
+ChunkOrder = Literal["relevance", "canonical", "cache"]
 
 
 class RAGConfig(BaseModel):
@@ -71,6 +74,24 @@ class RAGConfig(BaseModel):
     index_kind: Literal["auto", "flat", "hnsw"] = "auto"
     hnsw_threshold: int = Field(default=50_000, gt=0, description="auto: HNSW from this many vectors on")
     index_dir: Path | None = None
+    # prompt
+    system_prompt: str = Field(default=DEFAULT_SYSTEM_PROMPT, min_length=1)
+    tools: list[dict[str, Any]] = Field(
+        default_factory=list, description="JSON schemas, rendered canonically"
+    )
+    pinned_context: str | None = Field(
+        default=None, description="stable background text after the system prompt"
+    )
+    chunk_order: ChunkOrder = Field(
+        default="cache",
+        description="order of retrieved chunks: the one the prefix cache holds longest by default",
+    )
+    # generation
+    max_tokens: int = Field(
+        default=256, gt=0, description="answer length cap (reserved in the context budget)"
+    )
+    temperature: float = Field(default=0.0, ge=0.0, le=10.0)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> RAGConfig:

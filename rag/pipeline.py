@@ -1,0 +1,321 @@
+"""Pipeline: documents in, grounded answers out, with the prefix cache doing the heavy lifting.
+
+question ─► KnowledgeBase.search_timed (hybrid retrieval, optional rerank)
+         ─► PromptAssembler.assemble (stable prefix first; chunk order the cache holds longest)
+         ─► engine.stream(token_ids, namespace=tenant) ─► Answer(text, sources, usage, timings)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from engine.request import GenerationResult, StreamEvent
+from engine.sampling import SamplingParams
+from rag.config import RAGConfig
+from rag.documents import Document, ScoredChunk
+from rag.loaders import LoadResult
+from rag.prompt import Prompt, PromptAssembler
+from rag.store import DocumentInfo, KnowledgeBase
+
+
+class GenerationBackend(Protocol):
+    """What the pipeline needs from an engine: ``engine.Engine`` and ``engine.RemoteEngine`` fit."""
+
+    model_id: str
+    tokenizer: Any
+
+    def stream(
+        self, prompt: Any, params: SamplingParams | None = None, *, namespace: str = ""
+    ) -> Iterator[StreamEvent]: ...
+
+
+@dataclass(frozen=True)
+class Source:
+    """A chunk the answer may cite: ``[n]`` in the text refers to ``sources[n - 1]``."""
+
+    doc_id: str
+    chunk_id: str
+    score: float
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Milliseconds. ``ttft_ms``: from the question to the first answer token (retrieval included);
+    ``prefill_ms``: the engine's share of it (queue + prefill of the uncached suffix)."""
+
+    retrieve_ms: float
+    rerank_ms: float
+    ttft_ms: float
+    total_ms: float
+    assemble_ms: float = 0.0
+    prefill_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A grounded answer with its citations, token usage and where the time went."""
+
+    text: str
+    sources: list[Source]
+    usage: Usage
+    timings: Timings
+    finish_reason: str = "stop"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PipelineEvent:
+    """One step of ``Pipeline.stream``: ``sources`` first, then ``delta`` text, then ``done`` (answer)."""
+
+    type: Literal["sources", "delta", "done"]
+    text: str = ""
+    sources: list[Source] | None = None
+    answer: Answer | None = None
+
+
+class Pipeline:
+    """Retrieval-augmented QA over your documents, built around prefix KV-cache reuse.
+
+    Example:
+        >>> p = Pipeline()                                      # bundled models, in-memory index
+        >>> p.add_documents([Document(id="a", text="The Zorblax code is 4417.")])
+        ['a']
+        >>> ans = p.ask("What is the Zorblax code?")
+        >>> ans.text, ans.sources[0].doc_id, ans.usage.cached_tokens     # doctest: +SKIP
+        ('The Zorblax code is 4417 [1].', 'a', 0)
+        >>> for ev in p.stream("And again?"):                   # sources, deltas, done
+        ...     print(ev.text, end="")
+    """
+
+    def __init__(
+        self,
+        config: RAGConfig | None = None,
+        *,
+        engine: GenerationBackend | None = None,
+        knowledge_base: KnowledgeBase | None = None,
+    ) -> None:
+        self.config = config or RAGConfig()
+        self.kb = knowledge_base or KnowledgeBase(self.config)
+        self._engine = engine
+        self._assembler: PromptAssembler | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, config: RAGConfig, *, engine: GenerationBackend | None = None) -> Pipeline:
+        """A pipeline for ``config``; loads the saved index when ``config.index_dir`` holds one."""
+        if config.index_dir is not None and _has_index(config.index_dir):
+            return cls.load(config.index_dir, config=config, engine=engine)
+        return cls(config, engine=engine)
+
+    @classmethod
+    def load(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        config: RAGConfig | None = None,
+        engine: GenerationBackend | None = None,
+    ) -> Pipeline:
+        """Open an index written by ``save`` (the saved config unless one is given)."""
+        kb = KnowledgeBase.load(directory, config)
+        return cls(kb.config, engine=engine, knowledge_base=kb)
+
+    # ---- components ---------------------------------------------------------------------------
+    @property
+    def engine(self) -> GenerationBackend:
+        """The generation engine (loaded on first use from ``config.engine``)."""
+        with self._lock:
+            return self._engine_unlocked()
+
+    @property
+    def assembler(self) -> PromptAssembler:
+        with self._lock:
+            if self._assembler is None:
+                engine = self._engine_unlocked()
+                cfg = self.config
+                self._assembler = PromptAssembler(
+                    engine.tokenizer,
+                    system_prompt=cfg.system_prompt,
+                    tools=cfg.tools,
+                    pinned_context=cfg.pinned_context,
+                    order=cfg.chunk_order,
+                    max_context_tokens=getattr(engine, "max_context", None),
+                    max_tokens=cfg.max_tokens,
+                )
+            return self._assembler
+
+    def _engine_unlocked(self) -> GenerationBackend:
+        if self._engine is None:
+            from engine.engine import Engine
+
+            self._engine = Engine.from_config(self.config.engine)
+        return self._engine
+
+    def warm_up(self) -> None:
+        """Load every model now (embedder, tokenizer, LLM) instead of on the first request."""
+        self.kb.warm_up()
+        _ = self.assembler
+
+    # ---- documents ----------------------------------------------------------------------------
+    def add_documents(self, docs: Iterable[Document], *, show_progress: bool = False) -> list[str]:
+        """Add or update documents (unchanged ones are a no-op); returns their ids."""
+        return self.kb.add_documents(docs, show_progress=show_progress)
+
+    def ingest(
+        self, paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *, show_progress: bool = False
+    ) -> LoadResult:
+        """Load .txt/.md/.html/.pdf files and folders; ``.skipped`` says what was left out and why."""
+        return self.kb.ingest(paths, show_progress=show_progress)
+
+    def delete_document(self, doc_id: str) -> bool:
+        return self.kb.delete_document(doc_id)
+
+    def get_document(self, doc_id: str) -> Document | None:
+        return self.kb.get_document(doc_id)
+
+    def list_documents(self) -> list[DocumentInfo]:
+        return self.kb.list_documents()
+
+    def save(self, directory: str | os.PathLike[str] | None = None) -> Path:
+        """Write the index atomically (a crash mid-save leaves the previous one loadable)."""
+        return self.kb.save(directory)
+
+    # ---- questions ----------------------------------------------------------------------------
+    def retrieve(self, question: str, top_k: int | None = None) -> list[ScoredChunk]:
+        """The chunks an answer would be grounded on, best first."""
+        if len(self.kb) == 0:
+            _check_top_k(top_k)
+            return []
+        return self.kb.search(question, top_k)
+
+    def assemble(self, question: str, chunks: Sequence[ScoredChunk], namespace: str = "") -> Prompt:
+        """The prompt (token ids + segments) the engine would get for these chunks."""
+        return self.assembler.assemble(question, chunks, prefix_probe=self._probe(namespace))
+
+    def assemble_messages(self, messages: Sequence[Mapping[str, str]]) -> Prompt:
+        """Segment-wise tokenized chat (turn N's ids prefix turn N+1's, so multi-turn chats hit)."""
+        return self.assembler.assemble_messages(messages)
+
+    def ask(
+        self,
+        question: str,
+        top_k: int | None = None,
+        namespace: str = "",
+        *,
+        params: SamplingParams | None = None,
+    ) -> Answer:
+        """Answer a question from the indexed documents."""
+        answer = None
+        for event in self.stream(question, top_k, namespace, params=params):
+            answer = event.answer or answer
+        assert answer is not None
+        return answer
+
+    def stream(
+        self,
+        question: str,
+        top_k: int | None = None,
+        namespace: str = "",
+        *,
+        params: SamplingParams | None = None,
+    ) -> Iterator[PipelineEvent]:
+        """Yield the sources, then text deltas, then the full Answer. Closing early cancels generation."""
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"question must be a non-empty string, got {question!r}")
+        _check_top_k(top_k)
+        return self._stream(question, top_k, namespace, params)
+
+    def _stream(
+        self, question: str, top_k: int | None, namespace: str, params: SamplingParams | None
+    ) -> Iterator[PipelineEvent]:
+        t0 = time.perf_counter()
+        if len(self.kb):
+            found = self.kb.search_timed(question, top_k)
+            hits, retrieve_ms, rerank_ms = found.hits, found.retrieve_ms, found.rerank_ms
+        else:
+            hits, retrieve_ms, rerank_ms = [], 0.0, 0.0
+        t1 = time.perf_counter()
+        prompt = self.assemble(question, hits, namespace)
+        assemble_ms = 1000 * (time.perf_counter() - t1)
+        sources = [_source(c) for c in prompt.chunks]
+        yield PipelineEvent("sources", sources=sources)
+        params = params or SamplingParams(
+            max_tokens=self.config.max_tokens, temperature=self.config.temperature
+        )
+        result: GenerationResult | None = None
+        first_token_ms = 0.0
+        stream = self.engine.stream(prompt.token_ids, params, namespace=namespace)
+        try:
+            for event in stream:
+                if event.ttft_s is not None:
+                    first_token_ms = 1000 * (time.perf_counter() - t0)
+                if event.text:
+                    yield PipelineEvent("delta", text=event.text)
+                result = event.result or result
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()  # cancels generation if our consumer went away
+        assert result is not None
+        timings = Timings(
+            retrieve_ms=retrieve_ms,
+            rerank_ms=rerank_ms,
+            ttft_ms=first_token_ms,
+            total_ms=1000 * (time.perf_counter() - t0),
+            assemble_ms=assemble_ms,
+            prefill_ms=1000 * result.ttft_s,
+        )
+        usage = Usage(result.prompt_tokens, result.cached_tokens, result.completion_tokens)
+        answer = Answer(result.text, sources, usage, timings, result.finish_reason)
+        yield PipelineEvent("done", answer=answer)
+
+    def _probe(self, namespace: str) -> Any:
+        probe = getattr(self.engine, "cached_prefix_length", None)
+        if probe is None:
+            return None
+        return lambda ids: probe(ids, namespace)
+
+
+def _source(chunk: Any) -> Source:
+    return Source(
+        doc_id=str(chunk.doc_id),
+        chunk_id=str(chunk.chunk_id),
+        score=float(chunk.score),
+        text=str(chunk.text),
+        metadata=dict(getattr(chunk, "metadata", {}) or {}),
+    )
+
+
+def _check_top_k(top_k: int | None) -> None:
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k <= 0):
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+
+
+def _has_index(directory: str | os.PathLike[str]) -> bool:
+    from rag.persist import current_version
+
+    try:
+        current_version(Path(directory).expanduser())
+    except (FileNotFoundError, ValueError):
+        return False
+    return True

@@ -16,7 +16,7 @@ from typing import Any
 
 from rag.api.schemas.rag import DocumentIn, DocumentOut
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._ -]+")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _MAX_NAME = 128
 
 
@@ -33,12 +33,12 @@ def safe_filename(name: str | None) -> str:
     """A plain file name from a client-supplied one: no directories, no control or odd characters.
 
     Example:
-        >>> safe_filename("../../etc/passwd"), safe_filename("C:\\\\tmp\\\\r\u00e9sum\u00e9.md"), safe_filename(".env")
-        ('passwd', 'resume.md', 'env')
+        >>> safe_filename("../../etc/passwd"), safe_filename("C:\\\\tmp\\\\my r\u00e9sum\u00e9.md"), safe_filename(".env")
+        ('passwd', 'my_resume.md', 'env')
     """
     base = (name or "").replace("\\", "/").rsplit("/", 1)[-1]
     base = unicodedata.normalize("NFKD", base).encode("ascii", "ignore").decode("ascii")
-    base = _UNSAFE.sub("_", base).strip(" ._")
+    base = _UNSAFE.sub("_", base).strip("._")
     if len(base) > _MAX_NAME:
         stem, dot, ext = base.rpartition(".")
         base = (stem[: _MAX_NAME - len(ext) - 1] + dot + ext) if dot and len(ext) <= 10 else base[:_MAX_NAME]

@@ -12,9 +12,10 @@ def build_pipeline(settings: Settings, engine: Any) -> Pipeline:
     """The pipeline for ``settings.rag`` over ``engine``; opens the index saved in ``settings.index_dir``
     when there is one (else starts empty and saves there on the first change). With
     ``settings.warm_up`` the embedder and tokenizer load now rather than on the first question."""
-    config = settings.rag
+    update: dict[str, Any] = {"engine": settings.engine}  # one engine config: the server's
     if settings.index_dir is not None:
-        config = config.model_copy(update={"index_dir": settings.index_dir})
+        update["index_dir"] = settings.index_dir
+    config = settings.rag.model_copy(update=update)
     pipeline = Pipeline.from_config(config, engine=engine)
     if settings.warm_up:
         pipeline.warm_up()

@@ -95,7 +95,7 @@ def test_add_list_get_documents(http):
 
 def test_ask_uses_sources_and_the_cache(http):
     first = _ask(http, "What is the secret code of the Zorblax project?", top_k=2)
-    assert first["sources"] and first["sources"][0]["doc_id"] == "zorblax.md"
+    assert "zorblax.md" in {s["doc_id"] for s in first["sources"]}
     assert set(first["sources"][0]) == {"doc_id", "chunk_id", "score", "text"}
     assert len(first["sources"]) <= 2
     again = _ask(http, "What is the secret code of the Zorblax project?", top_k=2)

@@ -93,7 +93,9 @@ async def get_document(doc_id: str, services: ServicesDep, principal: PrincipalD
     if doc is None:
         raise api_error(404, f"no document with id {doc_id!r}", param="id", code="document_not_found")
     out = info_out(doc)
-    chunks_of = getattr(pipeline, "chunks_of", None)
+    chunks_of = getattr(pipeline, "chunks_of", None) or getattr(
+        getattr(pipeline, "kb", None), "chunks_of", None
+    )
     if out.chunks is None and callable(chunks_of):
         out.chunks = len(chunks_of(doc_id))
     return out

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from rag.api.errors import install_error_handlers
 from rag.api.limits import BodyLimitMiddleware
 from rag.api.metrics import MetricsMiddleware
+from rag.api.openapi import install_openapi, route_methods
 from rag.api.routers import ask, cache, documents, health, metrics, openai, ui
 from rag.api.services import Services
 from rag.api.settings import Settings, get_settings
@@ -65,10 +66,12 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=services.metrics)  # outermost: sees every status
 
-    for module in (health, openai, ask, documents, cache, metrics):
-        app.include_router(module.router)
-    if settings.enable_ui:
-        app.include_router(ui.router)
+    routers = [m.router for m in (health, openai, ask, documents, cache, metrics)]
+    routers += [ui.router] if settings.enable_ui else []
+    for router in routers:
+        app.include_router(router)
+    app.state.route_methods = route_methods(routers)
+    install_openapi(app, settings)
     return app
 
 

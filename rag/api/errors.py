@@ -144,6 +144,10 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
         message, code = f"no route for {request.method} {request.url.path}", "route_not_found"
     elif exc.status_code == 405:
         message, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
+        allowed = _allowed_methods(request)
+        if allowed:
+            headers["Allow"] = ", ".join(allowed)
+            message += f" (allowed: {headers['Allow']})"
     elif exc.status_code == 413:
         code = "request_too_large"
     return error_response(exc.status_code, message, code=code, headers=headers)
@@ -156,6 +160,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         first = next(e for e in errors if e.get("type") == "json_invalid")
         reason = (first.get("ctx") or {}).get("error", "invalid JSON")
         return error_response(400, f"the request body is not valid JSON: {reason}", code="invalid_json")
+    errors = _most_specific(errors)
     parts = []
     for e in errors[:5]:
         loc = _loc(e.get("loc", ()))
@@ -168,6 +173,19 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         param=_loc(first.get("loc", ())) or None,
         code=str(first.get("type", "validation_error")),
     )
+
+
+def _most_specific(errors: list[Any]) -> list[Any]:
+    """One error per field: when a union fails in every branch, the branch that got furthest."""
+    best: dict[str, Any] = {}
+    for e in errors:
+        loc = tuple(e.get("loc", ()))
+        cut = next((i for i, p in enumerate(loc) if _is_tag(p)), len(loc))
+        root = _loc(loc[:cut])
+        rank = (len(loc), not str(e.get("type", "")).endswith("_type"))  # type mismatches rank last
+        if root not in best or rank > best[root][0]:
+            best[root] = (rank, e)
+    return [e for _, e in best.values()]
 
 
 async def _invalid(request: Request, exc: Exception) -> JSONResponse:
@@ -216,11 +234,32 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected)
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route allows on this path (Starlette's 405 names only the first route's)."""
+    table = getattr(request.app.state, "route_methods", ())
+    path = request.url.path
+    methods: set[str] = set()
+    for regex, allowed in table:
+        if regex.match(path):
+            methods |= allowed
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
+
+
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "dict", "list", "none", "bytes"})
+
+
+def _is_tag(part: Any) -> bool:
+    """A union-branch label pydantic puts in error locations (``list[int]``, ``constrained-str``, ``Model``)."""
+    return isinstance(part, str) and ("[" in part or "-" in part or part in _TYPE_NAMES or part[:1].isupper())
+
+
 def _loc(loc: Any) -> str:
-    """``("body", "messages", 0, "content")`` -> ``messages[0].content``."""
+    """``("body", "messages", 0, "content")`` -> ``messages[0].content`` (union-branch labels dropped)."""
     out = ""
     for part in loc:
-        if part in ("body", "query", "path", "header") and not out:
+        if (part in ("body", "query", "path", "header") and not out) or _is_tag(part):
             continue
         if isinstance(part, int):
             out += f"[{part}]"
@@ -235,6 +274,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, description in (
         (400, "Bad request"),
         (401, "Missing or wrong API key"),
+        (403, "Needs the admin key"),
+        (404, "Unknown model, document or route"),
         (413, "Request body too large"),
         (422, "Validation error"),
         (429, "Too many requests (see Retry-After)"),

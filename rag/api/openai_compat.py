@@ -25,8 +25,6 @@ def check_common(req: SamplingFields) -> None:
             )
     if req.logit_bias:
         raise InvalidRequest("logit_bias is not supported", "logit_bias")
-    if req.stream_options is not None and not req.stream:
-        raise InvalidRequest("stream_options is only allowed with stream=true", "stream_options")
 
 
 def check_chat(req: ChatCompletionRequest) -> None:
@@ -61,22 +59,8 @@ def chat_messages(messages: list[ChatMessage], settings: Settings) -> list[dict[
             f"too many messages: {len(messages)} (at most {settings.max_messages})", "messages"
         )
     out = []
-    for i, m in enumerate(messages):
-        if m.role == "tool":
-            raise InvalidRequest(f"messages[{i}]: role 'tool' is not supported", f"messages[{i}].role")
-        content = m.content
-        if isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise InvalidRequest(
-                        f"messages[{i}].content[{j}]: only text parts are supported, got {part.type!r}",
-                        f"messages[{i}].content[{j}]",
-                    )
-                parts.append(part.text)
-            content = "".join(parts)
-        if content is None:
-            raise InvalidRequest(f"messages[{i}] has no content", f"messages[{i}].content")
+    for m in messages:
+        content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)
         out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
     return out
 

@@ -57,17 +57,13 @@ def http(server):
             "limit of 64",
         ),
         (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "n": 3}', 400, None, "n=1"),
-        (CHAT, b'{"messages": [{"role": "tool", "content": "x"}]}', 400, None, "tool"),
-        (CHAT, b'{"messages": [{"role": "user"}]}', 400, None, "no content"),
-        (
-            CHAT,
-            b'{"messages": [{"role": "user", "content": "hi"}], "stream_options": {}}',
-            400,
-            None,
-            "stream=true",
-        ),
+        (CHAT, b'{"messages": [{"role": "tool", "content": "x"}]}', 422, None, "messages[0].role"),
+        (CHAT, b'{"messages": [{"role": "user"}]}', 422, "missing", "messages[0].content"),
+        (CHAT, b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 422, None, "'text'"),
+        (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "stop": [""]}', 422, None, "stop[0]"),
         ("/v1/completions", b'{"prompt": ["a", "b"]}', 400, None, "batched"),
-        ("/v1/completions", b'{"prompt": []}', 400, None, "empty"),
+        ("/v1/completions", b'{"prompt": []}', 422, None, "at least 1 item"),
+        ("/v1/completions", b'{"prompt": ""}', 422, None, "at least 1 character"),
         ("/v1/completions", b'{"prompt": [99999999]}', 400, None, "out of range"),
         ("/v1/completions", b'{"prompt": "hi", "echo": true}', 400, None, "echo"),
     ],
@@ -93,6 +89,9 @@ def test_prompt_longer_than_the_context_is_a_400(http, engine):
 def test_unknown_route_and_method(http):
     assert_error(http.get("/v1/nothing-here"), 404, code="route_not_found")
     assert_error(http.get(CHAT), 405, code="method_not_allowed")
+    reply = http.put("/v1/documents/some-id")
+    assert_error(reply, 405)
+    assert reply.headers["allow"] == "DELETE, GET, HEAD"
 
 
 def test_oversize_body_declared_and_chunked(http):

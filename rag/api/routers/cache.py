@@ -8,7 +8,7 @@ import anyio
 from fastapi import APIRouter
 
 from rag.api.deps import AdminDep, EngineDep, PrincipalDep, ServicesDep
-from rag.api.errors import ERROR_RESPONSES
+from rag.api.errors import ERROR_RESPONSES, api_error
 
 router = APIRouter(prefix="/v1/cache", tags=["cache"], responses=ERROR_RESPONSES)
 
@@ -42,6 +42,9 @@ async def cache_stats(services: ServicesDep, principal: PrincipalDep, engine: En
 @router.post("/reset")
 async def cache_reset(services: ServicesDep, admin: AdminDep, engine: EngineDep) -> dict[str, Any]:
     """Drop every cached prefix (all tenants). Counters are monotonic and survive the reset."""
-    before = engine.cache.used_bytes
+    cache = getattr(engine, "cache", None)
+    if cache is None or not hasattr(engine, "reset_cache"):
+        raise api_error(400, "this server's engine has no local prefix cache to reset", code="no_local_cache")
+    before = cache.used_bytes
     await anyio.to_thread.run_sync(engine.reset_cache, limiter=services.limiter)
-    return {"object": "cache.reset", "freed_bytes": before, "used_bytes": engine.cache.used_bytes}
+    return {"object": "cache.reset", "freed_bytes": before, "used_bytes": cache.used_bytes}

@@ -14,7 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from rag.api.deps import PrincipalDep, ServicesDep, SettingsDep
 from rag.api.documents_io import UploadError, documents_from_json, documents_from_upload, info_out, persist
-from rag.api.errors import ERROR_RESPONSES, api_error
+from rag.api.errors import ERROR_RESPONSES, ErrorResponse, api_error
 from rag.api.schemas.rag import (
     AddedDocuments,
     DeletedDocument,
@@ -26,7 +26,14 @@ from rag.api.schemas.rag import (
 from rag.api.services import Services
 from rag.api.settings import Settings
 
-router = APIRouter(prefix="/v1/documents", tags=["documents"], responses=ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/v1/documents",
+    tags=["documents"],
+    responses={
+        **ERROR_RESPONSES,
+        415: {"model": ErrorResponse, "description": "Unsupported file or content type"},
+    },
+)
 
 _JSON_BODY = TypeAdapter(list[DocumentIn] | DocumentsIn)
 _UPLOAD_DOC: dict[str, Any] = {

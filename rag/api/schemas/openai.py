@@ -8,36 +8,42 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Role = Literal["system", "developer", "user", "assistant", "tool"]
+Role = Literal["system", "developer", "user", "assistant"]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     include_usage: bool = False
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: str
-    text: str | None = None
+    """A text part of a message (images and audio are not supported)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(BaseModel):
     """A chat message; ``content`` may be a string or a list of ``{"type": "text", "text": ...}`` parts."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Role
-    content: str | list[ContentPart] | None = None
+    content: str | list[ContentPart]
     name: str | None = None
 
 
 class SamplingFields(BaseModel):
-    """Fields shared by /v1/chat/completions and /v1/completions."""
+    """Fields shared by /v1/chat/completions and /v1/completions (strict types: no "1" for 1)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = Field(default=None, description="the served model id (default: the engine's)")
     max_tokens: int | None = Field(default=None, ge=1)
@@ -46,7 +52,7 @@ class SamplingFields(BaseModel):
     n: int | None = Field(default=None, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=16)] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -73,7 +79,12 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: (
+        NonEmptyStr
+        | Annotated[list[NonEmptyStr], Field(min_length=1)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1)]
+    )
     echo: bool | None = None
     suffix: str | None = None
     logprobs: int | None = Field(default=None, ge=0, le=5)

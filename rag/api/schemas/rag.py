@@ -6,13 +6,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# JSON-schema patterns (documentation for clients and fuzzers; the routers check the same rules)
+VISIBLE_TEXT = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"  # some non-space character, no NUL
+PRINTABLE_ID = r"^[^\u0000-\u001f\u007f]*[^\s\u0000-\u001f\u007f][^\u0000-\u001f\u007f]*$"
+
 
 class AskRequest(BaseModel):
     """``{"question": ..., "top_k"?: int, "stream"?: bool}``; limits come from the settings."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    question: str = Field(min_length=1, description="the question (at most `max_question_chars`)")
+    question: str = Field(
+        min_length=1,
+        description="the question (at most `max_question_chars`; not only whitespace, no NUL)",
+        json_schema_extra={"pattern": VISIBLE_TEXT},
+    )
     top_k: int | None = Field(default=None, description="chunks to retrieve (1..`max_top_k`)")
     stream: bool = False
     max_tokens: int | None = Field(
@@ -53,17 +61,23 @@ class AskResponse(BaseModel):
 
 
 class DocumentIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A document to add: ``text``, an optional ``id`` (default: derived from the text), ``metadata``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     id: str | None = Field(
-        default=None, min_length=1, max_length=256, description="default: derived from the text"
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="default: derived from the text; no control characters",
+        json_schema_extra={"pattern": PRINTABLE_ID},
     )
-    text: str = Field(min_length=1)
+    text: str = Field(min_length=1, json_schema_extra={"pattern": VISIBLE_TEXT})
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class DocumentsIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     documents: list[DocumentIn] = Field(min_length=1)
 

@@ -61,6 +61,22 @@ def http(server):
         (CHAT, b'{"messages": [{"role": "user"}]}', 422, "missing", "messages[0].content"),
         (CHAT, b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 422, None, "'text'"),
         (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "stop": [""]}', 422, None, "stop[0]"),
+        (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "4"}', 422, None, "number"),
+        (
+            CHAT,
+            b'{"messages": [{"role": "user", "content": "hi"}], "temperature": true}',
+            422,
+            None,
+            "number",
+        ),
+        (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "stream": 1}', 422, None, "boolean"),
+        (
+            CHAT,
+            b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2.5}',
+            422,
+            None,
+            "max_tokens",
+        ),
         ("/v1/completions", b'{"prompt": ["a", "b"]}', 400, None, "batched"),
         ("/v1/completions", b'{"prompt": []}', 422, None, "at least 1 item"),
         ("/v1/completions", b'{"prompt": ""}', 422, None, "at least 1 character"),
@@ -72,6 +88,19 @@ def test_bad_json_bodies(http, path, content, status, code, contains):
     reply = http.post(path, content=content, headers={"content-type": "application/json"})
     err = assert_error(reply, status, code=code, contains=contains)
     assert err["type"] == "invalid_request_error"
+
+
+def test_json_schema_integers_are_accepted(http):
+    """``2.0`` is an integer in JSON Schema (and so for schema-driven clients)."""
+    body = {
+        "messages": [{"role": "user", "content": "Say hi."}],
+        "max_tokens": 2.0,
+        "seed": 3.0,
+        "temperature": 0,
+    }
+    reply = http.post(CHAT, json=body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] <= 2
 
 
 def test_validation_error_names_the_parameter(http):

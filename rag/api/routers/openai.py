@@ -57,6 +57,12 @@ async def chat_completions(
     model = _check_model(services, body.model)
     check_chat(body)
     max_tokens = body.max_completion_tokens or body.max_tokens
+    if body.max_tokens is not None and body.max_tokens > settings.max_tokens_limit:  # even if overridden
+        raise api_error(
+            400,
+            f"max_tokens={body.max_tokens} exceeds this server's limit of {settings.max_tokens_limit}",
+            param="max_tokens",
+        )
     params = sampling_params(
         body, settings, max_tokens=max_tokens, default_max_tokens=settings.default_max_tokens
     )
@@ -100,9 +106,8 @@ async def completions(
     """Text completion; ``prompt`` may be a string or token ids (one prompt per request)."""
     model = _check_model(services, body.model)
     check_completion(body)
-    params = sampling_params(
-        body, settings, max_tokens=body.max_tokens, default_max_tokens=_COMPLETIONS_DEFAULT_MAX_TOKENS
-    )
+    default = min(_COMPLETIONS_DEFAULT_MAX_TOKENS, settings.max_tokens_limit)
+    params = sampling_params(body, settings, max_tokens=body.max_tokens, default_max_tokens=default)
     prompt = completion_prompt(body)
     gen = await Generation.start(
         services, "completions", prompt, params, namespace=principal.namespace(body.cache_salt)

@@ -12,21 +12,23 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag.api.schemas.types import Bool, Float, Int
+
 Role = Literal["system", "developer", "user", "assistant"]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
-TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+TokenIds = Annotated[list[Annotated[Int, Field(ge=0)]], Field(min_length=1)]
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True)
+    model_config = ConfigDict()
 
-    include_usage: bool = False
+    include_usage: Bool = False
 
 
 class ContentPart(BaseModel):
     """A text part of a message (images and audio are not supported)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
     text: str
 
@@ -34,7 +36,7 @@ class ContentPart(BaseModel):
 class ChatMessage(BaseModel):
     """A chat message; ``content`` may be a string or a list of ``{"type": "text", "text": ...}`` parts."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore")
     role: Role
     content: str | list[ContentPart]
     name: str | None = None
@@ -43,24 +45,24 @@ class ChatMessage(BaseModel):
 class SamplingFields(BaseModel):
     """Fields shared by /v1/chat/completions and /v1/completions (strict types: no "1" for 1)."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore")
 
     model: str | None = Field(default=None, description="the served model id (default: the engine's)")
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int | None = Field(default=None, ge=1, le=128)
-    stream: bool = False
+    max_tokens: Int | None = Field(default=None, ge=1)
+    temperature: Float | None = Field(default=None, ge=0, le=2)
+    top_p: Float | None = Field(default=None, gt=0, le=1)
+    n: Int | None = Field(default=None, ge=1, le=128)
+    stream: Bool = False
     stream_options: StreamOptions | None = None
     stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=16)] | None = None
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    seed: Int | None = Field(default=None, ge=-(2**53), le=2**53)
+    presence_penalty: Float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: Float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, Float] | None = None
     user: str | None = None
     # extensions (vLLM's names)
-    top_k: int | None = Field(default=None, ge=-1, description="extension: top-k sampling (0 or -1: off)")
-    repetition_penalty: float | None = Field(default=None, gt=0, le=10, description="extension")
+    top_k: Int | None = Field(default=None, ge=-1, description="extension: top-k sampling (0 or -1: off)")
+    repetition_penalty: Float | None = Field(default=None, gt=0, le=10, description="extension")
     cache_salt: str | None = Field(
         default=None,
         max_length=256,
@@ -70,9 +72,9 @@ class SamplingFields(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_completion_tokens: Int | None = Field(default=None, ge=1)
+    logprobs: Bool | None = None
+    top_logprobs: Int | None = Field(default=None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
@@ -85,10 +87,10 @@ class CompletionRequest(SamplingFields):
         | TokenIds
         | Annotated[list[TokenIds], Field(min_length=1)]
     )
-    echo: bool | None = None
+    echo: Bool | None = None
     suffix: str | None = None
-    logprobs: int | None = Field(default=None, ge=0, le=5)
-    best_of: int | None = Field(default=None, ge=1)
+    logprobs: Int | None = Field(default=None, ge=0, le=5)
+    best_of: Int | None = Field(default=None, ge=1)
 
 
 # ---- responses ------------------------------------------------------------------------------------

@@ -6,24 +6,28 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag.api.schemas.types import Bool, Int
+
 # JSON-schema patterns (documentation for clients and fuzzers; the routers check the same rules)
 VISIBLE_TEXT = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"  # some non-space character, no NUL
-PRINTABLE_ID = r"^[^\u0000-\u001f\u007f]*[^\s\u0000-\u001f\u007f][^\u0000-\u001f\u007f]*$"
+PRINTABLE_ID = (
+    r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*$"
+)
 
 
 class AskRequest(BaseModel):
     """``{"question": ..., "top_k"?: int, "stream"?: bool}``; limits come from the settings."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
 
     question: str = Field(
         min_length=1,
         description="the question (at most `max_question_chars`; not only whitespace, no NUL)",
         json_schema_extra={"pattern": VISIBLE_TEXT},
     )
-    top_k: int | None = Field(default=None, description="chunks to retrieve (1..`max_top_k`)")
-    stream: bool = False
-    max_tokens: int | None = Field(
+    top_k: Int | None = Field(default=None, description="chunks to retrieve (1..`max_top_k`)")
+    stream: Bool = False
+    max_tokens: Int | None = Field(
         default=None, ge=1, description="answer length cap (default: the pipeline's)"
     )
 
@@ -63,7 +67,7 @@ class AskResponse(BaseModel):
 class DocumentIn(BaseModel):
     """A document to add: ``text``, an optional ``id`` (default: derived from the text), ``metadata``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
 
     id: str | None = Field(
         default=None,
@@ -77,7 +81,7 @@ class DocumentIn(BaseModel):
 
 
 class DocumentsIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
 
     documents: list[DocumentIn] = Field(min_length=1)
 

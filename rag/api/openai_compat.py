@@ -95,11 +95,15 @@ def sampling_params(
     if len(stop) > 16 or any(not s for s in stop):
         raise InvalidRequest("stop must be up to 16 non-empty strings", "stop")
     top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
+    temperature = 1.0 if req.temperature is None else req.temperature
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if top_p == 0:  # OpenAI accepts 0: only the most likely token survives, i.e. greedy
+        temperature, top_p = 0.0, 1.0
     try:
         return SamplingParams(
             max_tokens=wanted,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
+            temperature=temperature,
+            top_p=top_p,
             top_k=top_k,
             stop=stop,
             seed=req.seed,

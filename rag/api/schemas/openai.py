@@ -50,7 +50,7 @@ class SamplingFields(BaseModel):
     model: str | None = Field(default=None, description="the served model id (default: the engine's)")
     max_tokens: Int | None = Field(default=None, ge=1)
     temperature: Float | None = Field(default=None, ge=0, le=2)
-    top_p: Float | None = Field(default=None, gt=0, le=1)
+    top_p: Float | None = Field(default=None, ge=0, le=1, description="0 keeps only the top token (greedy)")
     n: Int | None = Field(default=None, ge=1, le=128)
     stream: Bool = False
     stream_options: StreamOptions | None = None
@@ -62,7 +62,7 @@ class SamplingFields(BaseModel):
     user: str | None = None
     # extensions (vLLM's names)
     top_k: Int | None = Field(default=None, ge=-1, description="extension: top-k sampling (0 or -1: off)")
-    repetition_penalty: Float | None = Field(default=None, gt=0, le=10, description="extension")
+    repetition_penalty: Float | None = Field(default=None, ge=0.01, le=10, description="extension")
     cache_salt: str | None = Field(
         default=None,
         max_length=256,

@@ -150,6 +150,11 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
             message += f" (allowed: {headers['Allow']})"
     elif exc.status_code == 413:
         code = "request_too_large"
+    elif exc.status_code == 400 and message == "There was an error parsing the body":
+        message, code = (
+            "the request body could not be parsed (malformed or too deeply nested JSON)",
+            "invalid_json",
+        )
     return error_response(exc.status_code, message, code=code, headers=headers)
 
 
@@ -253,6 +258,12 @@ _TYPE_NAMES = frozenset({"str", "int", "float", "bool", "dict", "list", "none", 
 def _is_tag(part: Any) -> bool:
     """A union-branch label pydantic puts in error locations (``list[int]``, ``constrained-str``, ``Model``)."""
     return isinstance(part, str) and ("[" in part or "-" in part or part in _TYPE_NAMES or part[:1].isupper())
+
+
+def format_loc(loc: Any) -> str:
+    """A pydantic error location as a readable path: ``("body", "messages", 0, "content")`` ->
+    ``messages[0].content``."""
+    return _loc(loc)
 
 
 def _loc(loc: Any) -> str:

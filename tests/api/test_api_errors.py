@@ -90,6 +90,19 @@ def test_bad_json_bodies(http, path, content, status, code, contains):
     assert err["type"] == "invalid_request_error"
 
 
+def test_hostile_json(http):
+    """Lone surrogates (no tokenizer takes them) and very deep nesting: a 4xx, never a 500."""
+    lone = b'{"messages": [{"role": "user", "content": "abc \\ud800"}], "max_tokens": 2}'
+    assert_error(
+        http.post(CHAT, content=lone, headers={"content-type": "application/json"}), 422, contains="unicode"
+    )
+    deep = b"[" * 20_000 + b"]" * 20_000
+    reply = http.post(CHAT, content=deep, headers={"content-type": "application/json"})
+    assert_error(reply, 400, code="invalid_json")
+    nul = b'{"messages": [{"role": "user", "content": "a\\u0000b"}], "max_tokens": 2, "temperature": 0}'
+    assert http.post(CHAT, content=nul, headers={"content-type": "application/json"}).status_code == 200
+
+
 def test_json_schema_integers_are_accepted(http):
     """``2.0`` is an integer in JSON Schema (and so for schema-driven clients)."""
     body = {

@@ -167,6 +167,13 @@ def test_bad_questions(http, body, status, contains):
     assert_error(reply, status, contains=contains)
 
 
+def _nested(depth: int) -> list:
+    value: list = [1]
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     ("kwargs", "status"),
     [
@@ -175,6 +182,16 @@ def test_bad_questions(http, body, status, contains):
         ({"json": []}, 422),
         ({"json": [{"id": "x", "text": "  "}]}, 422),
         ({"content": b"hello", "headers": {"content-type": "text/plain"}}, 415),
+        ({"json": [{"id": "bell\x07", "text": "x"}]}, 422),
+        ({"json": [{"text": "x", "metadata": {"a": _nested(20)}}]}, 422),
+        ({"content": b'[{"text": "a \\ud800"}]', "headers": {"content-type": "application/json"}}, 400),
+        (
+            {
+                "content": b'[{"text": "a", "metadata": {"k\\udc00": 1}}]',
+                "headers": {"content-type": "application/json"},
+            },
+            400,
+        ),
     ],
 )
 def test_bad_documents(http, kwargs, status):

@@ -14,7 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from rag.api.deps import PrincipalDep, ServicesDep, SettingsDep
 from rag.api.documents_io import UploadError, documents_from_json, documents_from_upload, info_out, persist
-from rag.api.errors import ERROR_RESPONSES, ErrorResponse, api_error
+from rag.api.errors import ERROR_RESPONSES, ErrorResponse, api_error, format_loc
 from rag.api.schemas.rag import (
     AddedDocuments,
     DeletedDocument,
@@ -128,7 +128,7 @@ async def _from_json(request: Request, settings: Settings) -> list[Any]:
         first = exc.errors()[0]
         if first.get("type") == "json_invalid":
             raise api_error(400, "the request body is not valid JSON", code="invalid_json") from exc
-        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("list[DocumentIn]", "DocumentsIn"))
+        where = format_loc(first.get("loc", ()))
         raise api_error(
             422,
             f"expected a list of {{id?, text, metadata?}} or {{'documents': [...]}}: {where or 'body'}: {first.get('msg')}",

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag.api.schemas.types import Bool, Float, Int
+from rag.api.schemas.types import Bool, Float, Int, RequestModel
 
 Role = Literal["system", "developer", "user", "assistant"]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
@@ -42,7 +42,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(RequestModel):
     """Fields shared by /v1/chat/completions and /v1/completions (strict types: no "1" for 1)."""
 
     model_config = ConfigDict(extra="ignore")

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rag.api.schemas.types import Bool, Int
+from rag.api.schemas.types import Bool, Int, RequestModel
 
 # JSON-schema patterns (documentation for clients and fuzzers; the routers check the same rules)
+MAX_DEPTH = 16  # metadata nesting
 VISIBLE_TEXT = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"  # some non-space character, no NUL
 PRINTABLE_ID = (
     r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*$"
 )
 
 
-class AskRequest(BaseModel):
+class AskRequest(RequestModel):
     """``{"question": ..., "top_k"?: int, "stream"?: bool}``; limits come from the settings."""
 
     model_config = ConfigDict(extra="forbid")
@@ -64,7 +65,7 @@ class AskResponse(BaseModel):
     finish_reason: str = "stop"
 
 
-class DocumentIn(BaseModel):
+class DocumentIn(RequestModel):
     """A document to add: ``text``, an optional ``id`` (default: derived from the text), ``metadata``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -77,10 +78,38 @@ class DocumentIn(BaseModel):
         json_schema_extra={"pattern": PRINTABLE_ID},
     )
     text: str = Field(min_length=1, json_schema_extra={"pattern": VISIBLE_TEXT})
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description=f"JSON, nested at most {MAX_DEPTH} deep"
+    )
+
+    @field_validator("metadata")
+    @classmethod
+    def _storable(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+        _check_json(metadata, 1)
+        return metadata
 
 
-class DocumentsIn(BaseModel):
+def _check_json(value: Any, depth: int) -> None:
+    """Metadata is saved as JSON: bounded nesting."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"metadata is nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                "metadata contains a string that is not valid Unicode (a lone surrogate)"
+            ) from exc
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_json(key, depth)
+            _check_json(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_json(item, depth + 1)
+
+
+class DocumentsIn(RequestModel):
     model_config = ConfigDict(extra="forbid")
 
     documents: list[DocumentIn] = Field(min_length=1)

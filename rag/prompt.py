@@ -2,15 +2,17 @@
 
 Layout (SmolLM2's template shown; any HF chat template works, a plain one is used without):
 
-    <|im_start|>system\\n{system}\\n\\n{tools}\\n\\n{pinned}<|im_end|>\\n<|im_start|>user\\n   stable
-    [1] (source: doc-a)\\n{chunk text}\\n\\n  [2] ...                                   chunks
-    Question: {question}<|im_end|>\\n<|im_start|>assistant\\n                            question
+    <|im_start|>system\\n{system}  \\n\\n{tools}  \\n\\n{pinned}<|im_end|>\\n<|im_start|>user\\n    stable
+    [1] (source: doc-a)\\n{chunk text}  \\n\\n[2] (source: doc-b)\\n{chunk text}  ...         chunks
+    \\n\\nQuestion: {question}<|im_end|>\\n<|im_start|>assistant\\n                         question
 
-Segments tile the prompt: each owns the template scaffolding that follows its content (the first one
-also the scaffolding before it), so ``token_ids[seg.start:seg.end]`` decodes to ``seg.text`` and the
-texts concatenate to the template's rendering. Scaffolding, segment texts, chunk markers and chunk
-bodies are tokenized separately and their ids joined, so the stable prefix (and any run of chunks)
-has the same ids whatever follows it: what the engine's radix cache needs to hit.
+Segments tile the prompt (two spaces above mark boundaries): each owns the separator before its
+content and the template scaffolding after it (the first also the scaffolding before it), so
+``token_ids[seg.start:seg.end]`` decodes to ``seg.text`` and the texts concatenate to the template's
+rendering. Scaffolding, segment texts, chunk markers and chunk bodies are tokenized separately and
+their ids joined, so the stable prefix (and any run of chunks) has the same ids whatever follows it:
+what the engine's radix cache needs to hit. Separators lead the piece after them, which with
+byte-level BPE makes the joined ids equal whole-text tokenization too (tested for SmolLM2).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class Prompt:
     stable_length: int = 0
     chunk_ids: list[str] = field(default_factory=list)
     dropped_chunk_ids: list[str] = field(default_factory=list)
-    chunks: list[Any] = field(default_factory=list)
+    chunks: list[ChunkLike] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -305,7 +307,7 @@ def _dedupe(chunks: Sequence[ChunkLike]) -> list[ChunkLike]:
     return out
 
 
-def _join(parts: list[_Part], chunks: list[Any], dropped: list[str]) -> Prompt:
+def _join(parts: list[_Part], chunks: list[ChunkLike], dropped: list[str]) -> Prompt:
     ids: list[int] = []
     segments = []
     for part in parts:

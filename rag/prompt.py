@@ -158,8 +158,14 @@ class PromptAssembler:
         """Prompt tokens allowed: the context window minus what is reserved for generation."""
         return self.max_context_tokens - self.max_tokens
 
-    def assemble(self, question: str, chunks: Sequence[ChunkLike]) -> Prompt:
-        """Token ids for a grounded question; ``chunks`` ranked best first (lowest ranks drop first)."""
+    def assemble(
+        self, question: str, chunks: Sequence[ChunkLike], *, prefix_probe: PrefixProbe | None = None
+    ) -> Prompt:
+        """Token ids for a grounded question; ``chunks`` ranked best first (lowest ranks drop first).
+
+        ``prefix_probe`` overrides the assembler's for this call, e.g. one bound to the request's
+        cache namespace (tenant) for the ``cache`` order.
+        """
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
         ranked = _dedupe(chunks)
@@ -169,7 +175,8 @@ class PromptAssembler:
         def ids_at(i: int, pos: int) -> list[int]:
             return self._marker(pos) + bodies[i]
 
-        perm = order_indices(self.order, ranked[:kept], self.stable_ids, ids_at, self.prefix_probe)
+        probe = self.prefix_probe if prefix_probe is None else prefix_probe
+        perm = order_indices(self.order, ranked[:kept], self.stable_ids, ids_at, probe)
         chunk_parts = [self._chunk_part(ranked[i], pos, bodies[i]) for pos, i in enumerate(perm)]
         return _join(
             [*self._stable_parts, *chunk_parts, question_part],

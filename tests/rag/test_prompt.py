@@ -254,6 +254,9 @@ def test_cache_order_follows_the_cached_prefix(tokenizer):
     assert p.chunk_ids == ["c04", "c01", "c00", "c03"]
     assert p.segments[2].end <= lcp(p.token_ids, earlier.token_ids) < p.segments[3].end
     assert probe.calls <= 4 * 5 // 2
+    # a per-call probe (e.g. another tenant's namespace, empty) overrides the assembler's
+    other = asm.assemble(QUESTION, [CHUNKS[1], CHUNKS[3], CHUNKS[4], CHUNKS[0]], prefix_probe=FakeCache([]))
+    assert other.chunk_ids == ["c00", "c03", "c01", "c04"]
 
 
 def test_cache_order_without_hits_is_canonical(tokenizer):

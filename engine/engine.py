@@ -290,7 +290,9 @@ class Engine:
             self._guarded(req, lambda r, row=row: self._emit(r, self._sample(r, row)))
 
     def _sample(self, req: Request, logits: torch.Tensor) -> int:
-        history = req.all_ids if req.params.repetition_penalty != 1.0 else ()
+        history = (
+            req.output_ids if req.params.repetition_penalty != 1.0 else ()
+        )  # the answer only: copying facts from the context is the point
         return sample(logits, req.params, req.generator, history)
 
     def _emit(self, req: Request, token: int) -> None:

@@ -59,7 +59,7 @@ def run_demo(console: Console, config: RAGConfig, index_dir: Path, questions: li
     console.print(ttft_table(rows))
     stats = pipeline.engine.stats() if hasattr(pipeline.engine, "stats") else {}
     cache = stats.get("cache", {})
-    cold = [a.timings.prefill_ms for _, run, a in rows if run == "first"][0]
+    cold = next(a.timings.prefill_ms for _, run, a in rows if run == "first")
     warm = [a.timings.prefill_ms for _, run, a in rows if run == "again"]
     console.print(
         Panel.fit(
@@ -85,32 +85,25 @@ def _ask_streaming(console: Console, pipeline: Pipeline, question: str) -> Answe
 
 
 def print_sources(console: Console, answer: Answer) -> None:
-    table = Table(title="sources", show_lines=False, title_justify="left")
-    table.add_column("#", justify="right")
-    table.add_column("document")
-    table.add_column("score", justify="right")
-    table.add_column("excerpt", overflow="ellipsis", no_wrap=True, max_width=70)
+    table = Table(title="sources", show_lines=False, title_justify="left", expand=True)
+    table.add_column("#", justify="right", no_wrap=True, width=3)
+    table.add_column("document", no_wrap=True, max_width=24)
+    table.add_column("score", justify="right", no_wrap=True, width=6)
+    table.add_column("excerpt", overflow="ellipsis", no_wrap=True, ratio=1)
     for n, src in enumerate(answer.sources, 1):
-        table.add_row(str(n), src.doc_id, f"{src.score:.2f}", src.text.replace("\n", " ")[:200])
+        table.add_row(str(n), src.doc_id, f"{src.score:.2f}", " ".join(src.text.split())[:200])
     console.print(table)
 
 
 def ttft_table(rows: list[tuple[str, str, Answer]]) -> Table:
-    table = Table(title="time to first token, cold vs warm", title_justify="left")
-    for col, justify in [
-        ("question", "left"),
-        ("run", "left"),
-        ("prompt tokens", "right"),
-        ("cached", "right"),
-        ("hit", "right"),
-        ("TTFT (engine)", "right"),
-        ("TTFT (end to end)", "right"),
-    ]:
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    table = Table(title="time to first token, cold vs warm", title_justify="left", expand=True)
+    table.add_column("question", overflow="ellipsis", no_wrap=True, ratio=1)
+    for col in ("run", "prompt", "cached", "hit", "TTFT engine", "end to end"):
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
     for question, run, a in rows:
         u, t = a.usage, a.timings
         table.add_row(
-            question[:38] + ("…" if len(question) > 38 else ""),
+            question,
             run,
             str(u.prompt_tokens),
             str(u.cached_tokens),

@@ -443,7 +443,7 @@ def _make_runner(model: Any, config: EngineConfig) -> ModelRunner | FusedLlamaRu
         return ModelRunner(model)
     reason = fused_unsupported_reason(model)
     if reason is None:
-        return FusedLlamaRunner(model)
+        return FusedLlamaRunner(model, batch_invariant=config.batch_invariant)
     if config.runner == "fast":
         raise ValueError(f"runner='fast' cannot run this model: {reason}")
     log.info("using the transformers runner: %s", reason)

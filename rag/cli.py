@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import time
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,29 +15,107 @@ app = typer.Typer(
 )
 console = Console()
 
+INDEX_HELP = "index directory (default: $PREFIXRAG_HOME/indexes/default)"
+
+
+def _quiet_libraries() -> None:
+    """Keep the terminal for our output: no per-shard progress bars or advisory warnings from HF."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _index_dir(index: Path | None) -> Path:
+    from engine.models import prefixrag_home
+
+    return (index or prefixrag_home() / "indexes" / "default").expanduser()
+
+
+@app.callback()
+def _main() -> None:
+    _quiet_libraries()
+
 
 @app.command()
-def demo(model: str = typer.Option("smollm2-135m-instruct", help="registry name or HF model dir")) -> None:
-    """Load the default model, answer a question, print the answer and its TTFT."""
-    import torch
+def ingest(
+    paths: list[Path] = typer.Argument(..., help="files (.txt .md .html .pdf) and folders, recursively"),
+    index: Path = typer.Option(None, "--index", help=INDEX_HELP),
+) -> None:
+    """Add documents to an index (unchanged files are skipped; changed ones replace their chunks)."""
+    from rag.config import RAGConfig
+    from rag.pipeline import Pipeline
 
-    from engine.models import load_model
+    target = _index_dir(index)
+    pipeline = Pipeline.from_config(RAGConfig(index_dir=target))
+    try:
+        result = pipeline.ingest(paths, show_progress=True)
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    stats = pipeline.kb.last_ingest
+    pipeline.save(target)
+    console.print(
+        f"{stats.added} added, {stats.updated} updated, {stats.unchanged} unchanged "
+        f"({stats.chunks_embedded} chunks embedded, {stats.seconds:.1f} s) -> {target}"
+    )
+    for skipped in result.skipped:
+        console.print(f"[yellow]skipped[/] {skipped.path}: {skipped.reason}")
 
-    t0 = time.perf_counter()
-    loaded = load_model(model)
-    console.print(f"loaded [bold]{loaded.model_id}[/] in {time.perf_counter() - t0:.1f} s")
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
-    ids = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-    input_ids = torch.tensor([ids])
-    with torch.inference_mode():
-        t0 = time.perf_counter()
-        out = loaded.model(input_ids=input_ids, logits_to_keep=1)
-        ttft = time.perf_counter() - t0
-        first = out.logits[0, -1].argmax()
-        gen = loaded.model.generate(input_ids, max_new_tokens=48, do_sample=False)
-    text = loaded.tokenizer.decode(gen[0, input_ids.shape[1] :], skip_special_tokens=True)
-    console.print(f"[bold]Q:[/] {messages[0]['content']}\n[bold]A:[/] {text}")
-    console.print(f"TTFT {ttft * 1000:.0f} ms (first token {loaded.tokenizer.decode([int(first)])!r})")
+
+@app.command()
+def ask(
+    question: str = typer.Argument(..., help="the question"),
+    index: Path = typer.Option(None, "--index", help=INDEX_HELP),
+    top_k: int = typer.Option(4, "--top-k", min=1, max=64, help="chunks to ground the answer on"),
+    stream: bool = typer.Option(False, "--stream", help="print the answer as it is generated"),
+    max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="answer length cap"),
+) -> None:
+    """Answer a question from an index: answer, sources, TTFT and cached tokens."""
+    from rag.config import RAGConfig
+    from rag.demo import print_sources, ttft_table
+    from rag.pipeline import Pipeline
+
+    target = _index_dir(index)
+    pipeline = Pipeline.from_config(RAGConfig(index_dir=target, max_tokens=max_tokens))
+    if not len(pipeline.kb):
+        console.print(f"[yellow]note:[/] no documents in {target}; answering without sources")
+    try:
+        answer = None
+        for event in pipeline.stream(question, top_k):
+            if event.type == "delta" and stream:
+                console.print(event.text, end="", soft_wrap=True, highlight=False)
+            answer = event.answer or answer
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    assert answer is not None
+    console.print() if stream else console.print(answer.text)
+    print_sources(console, answer)
+    console.print(ttft_table([(question, "once", answer)]))
+
+
+@app.command()
+def demo(
+    model: str = typer.Option("smollm2-135m-instruct", help="registry name or HF model dir"),
+    index: Path = typer.Option(
+        None, "--index", help="demo index dir (default: $PREFIXRAG_HOME/indexes/python-reference)"
+    ),
+    max_tokens: int = typer.Option(96, "--max-tokens", min=1, help="answer length cap"),
+) -> None:
+    """Ingest the bundled Python reference, ask questions twice, show cold vs warm TTFT and cache hits."""
+    from engine.config import EngineConfig
+    from rag.config import RAGConfig
+    from rag.demo import DEMO_QUESTIONS, default_demo_index, run_demo
+
+    config = RAGConfig(max_tokens=max_tokens, engine=EngineConfig(model=model))
+    run_demo(console, config, index or default_demo_index(), DEMO_QUESTIONS)
 
 
 @app.command()
@@ -44,7 +123,9 @@ def serve(
     host: str = typer.Option(None, help="interface to listen on (env PREFIXRAG_HOST; default 127.0.0.1)"),
     port: int = typer.Option(None, help="TCP port (env PREFIXRAG_PORT; default 8000)"),
     index: Path = typer.Option(
-        None, "--index", help="document index directory, loaded and saved (env PREFIXRAG_INDEX_DIR)"
+        None,
+        "--index",
+        help="index directory, loaded and saved (env PREFIXRAG_INDEX_DIR; default: the one `ingest` uses)",
     ),
     model: str = typer.Option(None, help="registry name or HF model dir (env PREFIXRAG_ENGINE__MODEL)"),
     log_level: str = typer.Option("info", help="uvicorn log level"),
@@ -60,10 +141,16 @@ def serve(
         overrides["engine"] = {"model": model}  # merged into PREFIXRAG_ENGINE__* values
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+        if settings.index_dir is None:  # serve what `prefixrag ingest` wrote
+            settings = Settings(
+                **{k: v for k, v in overrides.items() if v is not None}, index_dir=_index_dir(None)
+            )
     except ValidationError as exc:
         console.print(f"[red]invalid settings:[/] {exc}")
         raise typer.Exit(2) from exc
-    console.print(f"serving [bold]{settings.engine.model}[/] on http://{settings.host}:{settings.port}")
+    console.print(
+        f"serving [bold]{settings.engine.model}[/] on http://{settings.host}:{settings.port} (index {settings.index_dir})"
+    )
     run_server(settings, log_level=log_level)
 
 

@@ -91,6 +91,9 @@ class RAGConfig(BaseModel):
         default=256, gt=0, description="answer length cap (reserved in the context budget)"
     )
     temperature: float = Field(default=0.0, ge=0.0, le=10.0)
+    repetition_penalty: float = Field(
+        default=1.1, gt=0.0, le=3.0, description="on the answer's own tokens (llama.cpp's default strength)"
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)
 
     @model_validator(mode="after")

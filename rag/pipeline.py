@@ -259,8 +259,9 @@ class Pipeline:
         assemble_ms = 1000 * (time.perf_counter() - t1)
         sources = [_source(c) for c in prompt.chunks]
         yield PipelineEvent("sources", sources=sources)
+        cfg = self.config
         params = params or SamplingParams(
-            max_tokens=self.config.max_tokens, temperature=self.config.temperature
+            max_tokens=cfg.max_tokens, temperature=cfg.temperature, repetition_penalty=cfg.repetition_penalty
         )
         result: GenerationResult | None = None
         first_token_ms = 0.0

@@ -2,15 +2,17 @@
 
 Layout (SmolLM2's template shown; any HF chat template works, a plain one is used without):
 
-    <|im_start|>system\\n{system}\\n\\n{tools}\\n\\n{pinned}<|im_end|>\\n<|im_start|>user\\n   stable
-    [1] (source: doc-a)\\n{chunk text}\\n\\n  [2] ...                                   chunks
-    Question: {question}<|im_end|>\\n<|im_start|>assistant\\n                            question
+    <|im_start|>system\\n{system}  \\n\\n{tools}  \\n\\n{pinned}<|im_end|>\\n<|im_start|>user\\n    stable
+    [1] (source: doc-a)\\n{chunk text}  \\n\\n[2] (source: doc-b)\\n{chunk text}  ...         chunks
+    \\n\\nQuestion: {question}<|im_end|>\\n<|im_start|>assistant\\n                         question
 
-Segments tile the prompt: each owns the template scaffolding that follows its content (the first one
-also the scaffolding before it), so ``token_ids[seg.start:seg.end]`` decodes to ``seg.text`` and the
-texts concatenate to the template's rendering. Scaffolding, segment texts, chunk markers and chunk
-bodies are tokenized separately and their ids joined, so the stable prefix (and any run of chunks)
-has the same ids whatever follows it: what the engine's radix cache needs to hit.
+Segments tile the prompt (two spaces above mark boundaries): each owns the separator before its
+content and the template scaffolding after it (the first also the scaffolding before it), so
+``token_ids[seg.start:seg.end]`` decodes to ``seg.text`` and the texts concatenate to the template's
+rendering. Scaffolding, segment texts, chunk markers and chunk bodies are tokenized separately and
+their ids joined, so the stable prefix (and any run of chunks) has the same ids whatever follows it:
+what the engine's radix cache needs to hit. Separators lead the piece after them, which with
+byte-level BPE makes the joined ids equal whole-text tokenization too (tested for SmolLM2).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class Prompt:
     stable_length: int = 0
     chunk_ids: list[str] = field(default_factory=list)
     dropped_chunk_ids: list[str] = field(default_factory=list)
-    chunks: list[Any] = field(default_factory=list)
+    chunks: list[ChunkLike] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -161,7 +163,8 @@ class PromptAssembler:
     ) -> Prompt:
         """Token ids for a grounded question; ``chunks`` ranked best first (lowest ranks drop first).
 
-        ``prefix_probe`` overrides the constructor's for this call (e.g. bound to a tenant's namespace).
+        ``prefix_probe`` overrides the assembler's for this call, e.g. one bound to the request's
+        cache namespace (tenant) for the ``cache`` order.
         """
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
@@ -172,7 +175,7 @@ class PromptAssembler:
         def ids_at(i: int, pos: int) -> list[int]:
             return self._marker(pos) + bodies[i]
 
-        probe = prefix_probe or self.prefix_probe
+        probe = self.prefix_probe if prefix_probe is None else prefix_probe
         perm = order_indices(self.order, ranked[:kept], self.stable_ids, ids_at, probe)
         chunk_parts = [self._chunk_part(ranked[i], pos, bodies[i]) for pos, i in enumerate(perm)]
         return _join(
@@ -311,7 +314,7 @@ def _dedupe(chunks: Sequence[ChunkLike]) -> list[ChunkLike]:
     return out
 
 
-def _join(parts: list[_Part], chunks: list[Any], dropped: list[str]) -> Prompt:
+def _join(parts: list[_Part], chunks: list[ChunkLike], dropped: list[str]) -> Prompt:
     ids: list[int] = []
     segments = []
     for part in parts:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -116,23 +117,36 @@ class ChatLayout:
         return [list(ids) for ids in encoded["input_ids"]]
 
 
+# keyed by the Rust backend, weakly: the private copy does not keep the tokenizer alive
+_ENCODERS: weakref.WeakKeyDictionary[Any, Callable[[list[str]], list[list[int]]]] = (
+    weakref.WeakKeyDictionary()
+)
+_ENCODERS_LOCK = threading.Lock()
+
+
 def _content_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]]:
     """Encodes content with special-token strings kept as text ("<|im_end|>" in a document can't end a turn)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and hasattr(backend, "to_str"):  # fast tokenizer: private copy, no shared state
-        from tokenizers import Tokenizer
+    if backend is None or not hasattr(backend, "to_str"):  # slow tokenizer: the flag is per call there
+        return lambda texts: [
+            list(ids)
+            for ids in tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        ]
+    with _ENCODERS_LOCK:  # fast: a private copy (~0.2 s to make), shared by this tokenizer's assemblers
+        encoder = _ENCODERS.get(backend)
+        if encoder is None:
+            encoder = _ENCODERS[backend] = _private_encoder(backend)
+        return encoder
 
-        private = Tokenizer.from_str(backend.to_str())
-        private.encode_special_tokens = True
-        private.no_truncation()
-        private.no_padding()
-        return lambda texts: [enc.ids for enc in private.encode_batch(texts, add_special_tokens=False)]
 
-    def slow(texts: list[str]) -> list[list[int]]:
-        encoded = tokenizer(texts, add_special_tokens=False, split_special_tokens=True)
-        return [list(ids) for ids in encoded["input_ids"]]
+def _private_encoder(backend: Any) -> Callable[[list[str]], list[list[int]]]:
+    from tokenizers import Tokenizer
 
-    return slow
+    private = Tokenizer.from_str(backend.to_str())
+    private.encode_special_tokens = True
+    private.no_truncation()
+    private.no_padding()
+    return lambda texts: [enc.ids for enc in private.encode_batch(texts, add_special_tokens=False)]
 
 
 def _split_at_slots(rendered: str, n: int) -> list[str]:

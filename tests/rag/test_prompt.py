@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rag.prompt import DEFAULT_SYSTEM_PROMPT, PINNED_HEADER, TOOLS_HEADER, PromptAssembler, chunk_body
 
@@ -183,6 +185,23 @@ def test_concurrent_assembly_gives_the_same_ids(tokenizer):
     assert got == expected * 3
 
 
+# SmolLM2's vocabulary lacks 21 of the 256 byte tokens (some control characters and the UTF-8 lead
+# bytes of code points >= U+40000), which no tokenization of those characters can round-trip.
+_CHARS = st.characters(max_codepoint=0x3FFFF, exclude_categories=("Cs", "Cc"), include_characters="\n\t\r")
+_TEXT = st.text(_CHARS, max_size=40)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(question=_TEXT.filter(str.strip), texts=st.lists(_TEXT, max_size=3))
+def test_any_text_round_trips_segment_by_segment(asm, tokenizer, question, texts):
+    chunks = [Chunk(f"d{n}", f"c{n}", t) for n, t in enumerate(texts)]
+    p = asm.assemble(question, chunks)
+    assert p.token_ids[: p.stable_length] == asm.stable_ids
+    assert decode(tokenizer, p.token_ids) == p.text
+    for seg in p.segments:
+        assert decode(tokenizer, p.token_ids[seg.start : seg.end]) == seg.text
+
+
 def test_duplicate_chunks_are_used_once(asm):
     p = asm.assemble(QUESTION, [CHUNKS[0], CHUNKS[1], CHUNKS[0]])
     assert p.chunk_ids == ["c00", "c01"]
@@ -235,6 +254,9 @@ def test_cache_order_follows_the_cached_prefix(tokenizer):
     assert p.chunk_ids == ["c04", "c01", "c00", "c03"]
     assert p.segments[2].end <= lcp(p.token_ids, earlier.token_ids) < p.segments[3].end
     assert probe.calls <= 4 * 5 // 2
+    # a per-call probe (e.g. another tenant's namespace, empty) overrides the assembler's
+    other = asm.assemble(QUESTION, [CHUNKS[1], CHUNKS[3], CHUNKS[4], CHUNKS[0]], prefix_probe=FakeCache([]))
+    assert other.chunk_ids == ["c00", "c03", "c01", "c04"]
 
 
 def test_cache_order_without_hits_is_canonical(tokenizer):

@@ -4,6 +4,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.kv import KVBuffer, KVSegment
 from engine.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer, prefixrag_home
+from engine.remote import RemoteEngine
 from engine.request import EngineError, GenerationResult, QueueFullError, StreamEvent
 from engine.sampling import SamplingParams
 
@@ -17,6 +18,7 @@ __all__ = [
     "KVSegment",
     "LoadedModel",
     "QueueFullError",
+    "RemoteEngine",
     "SamplingParams",
     "StreamEvent",
     "load_model",

@@ -12,7 +12,8 @@ from rag.api.errors import install_error_handlers
 from rag.api.limits import BodyLimitMiddleware
 from rag.api.metrics import MetricsMiddleware
 from rag.api.openapi import install_openapi, route_methods
-from rag.api.routers import ask, cache, documents, health, metrics, openai, ui
+from rag.api.request_id import RequestIdMiddleware
+from rag.api.routers import ask, cache, documents, health, metrics, openai, ui, worker
 from rag.api.services import Services
 from rag.api.settings import Settings, get_settings
 
@@ -64,9 +65,10 @@ def create_app(
     app.dependency_overrides[get_settings] = lambda: settings
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(MetricsMiddleware, metrics=services.metrics)  # outermost: sees every status
+    app.add_middleware(MetricsMiddleware, metrics=services.metrics)  # sees every status
+    app.add_middleware(RequestIdMiddleware)  # outermost: every response carries X-Request-Id
 
-    routers = [m.router for m in (health, openai, ask, documents, cache, metrics)]
+    routers = [m.router for m in (health, worker, openai, ask, documents, cache, metrics)]
     routers += [ui.router] if settings.enable_ui else []
     for router in routers:
         app.include_router(router)

@@ -13,7 +13,12 @@ from rag.api.settings import Settings
 
 
 def serve(settings: Settings, *, log_level: str = "info") -> None:
-    """Build the app from ``settings`` and serve it until interrupted."""
+    """Build the app from ``settings`` and serve it until interrupted.
+
+    SIGTERM or SIGINT shut it down gracefully: the listening socket closes at once (a load balancer's
+    next probe fails, so it routes elsewhere), requests in flight, streams included, get
+    ``settings.shutdown_timeout_s`` to finish, then the rest are cancelled (releasing their cache
+    locks) and the engine stops."""
     from rag.api.app import create_app
 
     uvicorn.run(
@@ -21,7 +26,7 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
         host=settings.host,
         port=settings.port,
         log_level=log_level,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=settings.shutdown_timeout_s,
     )
 
 

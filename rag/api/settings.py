@@ -71,6 +71,14 @@ class Settings(BaseSettings):
     max_messages: int = Field(default=256, ge=1)
     max_documents_per_request: int = Field(default=1000, ge=1)
 
+    # shutdown
+    shutdown_timeout_s: int = Field(
+        default=30,
+        ge=0,
+        description="on SIGTERM/SIGINT: stop accepting connections, give in-flight requests (streams "
+        "included) this long to finish, then cancel the rest and exit",
+    )
+
     # startup and pages
     warm_up: bool = Field(
         default=True, description="load the embedder and tokenizer at startup, not on the first question"

@@ -19,8 +19,9 @@ def test_ready_only_once_the_model_is_loaded(serve, loaded_model):
         return make_engine(loaded_model)
 
     with serve(Settings(), engine_factory=build) as srv:
-        for path in ("/healthz", "/health"):
-            assert httpx.get(srv.url + path).json() == {"status": "ok"}
+        assert httpx.get(srv.url + "/healthz").json() == {"status": "ok"}
+        probe = httpx.get(srv.url + "/health")  # what a load balancer probes: not ready yet
+        assert probe.status_code == 503 and probe.json() == {"status": "loading"}
         loading = httpx.get(srv.url + "/readyz")
         assert loading.status_code == 503 and loading.json()["status"] == "loading"
         reply = httpx.post(
@@ -33,6 +34,7 @@ def test_ready_only_once_the_model_is_loaded(serve, loaded_model):
         assert wait_until(lambda: httpx.get(srv.url + "/readyz").status_code == 200, timeout=60)
         ready = httpx.get(srv.url + "/readyz").json()
         assert ready["status"] == "ready" and ready["model"] == loaded_model.model_id
+        assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
         body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
         assert httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
 
@@ -46,5 +48,6 @@ def test_failed_load_is_reported(serve):
         body = httpx.get(srv.url + "/readyz").json()
         assert "no model at /nowhere" in body["error"]
         assert httpx.get(srv.url + "/healthz").status_code == 200
+        assert httpx.get(srv.url + "/health").status_code == 503
         reply = httpx.get(srv.url + "/v1/models")
         assert_error(reply, 503, contains="failed to load")

@@ -1,4 +1,10 @@
-"""Liveness and readiness: /healthz (and /health, what the SGLang router probes) and /readyz."""
+"""Liveness and readiness: /healthz (liveness), /readyz and /health (readiness).
+
+``/health`` is what a load balancer probes (sglang-router's default health path; SGLang's own
+``/health`` answers once the model is loaded), so it follows readiness: 503 while the model loads or
+after loading failed, so no traffic is sent to a replica that cannot serve it. ``/healthz`` stays 200
+while the process serves HTTP (a restart probe must not kill a replica that is still loading).
+"""
 
 from __future__ import annotations
 
@@ -13,10 +19,17 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-@router.get("/health", include_in_schema=False)
 async def healthz() -> dict[str, str]:
     """Always 200 while the process serves HTTP (the model may still be loading)."""
     return {"status": "ok"}
+
+
+@router.get("/health", include_in_schema=False)
+async def health(services: ServicesDep) -> Any:
+    """For load balancers: 200 ``{"status": "ok"}`` once the engine can serve, else 503 with the state."""
+    if services.state == "ready":
+        return {"status": "ok"}
+    return JSONResponse({"status": services.state}, status_code=503)
 
 
 @router.get(

@@ -1,0 +1,61 @@
+"""What a load balancer asks a worker when it registers it: SGLang's model and server info routes.
+
+sglang-router (0.3) registers a worker by probing ``GET /health``, then ``/server_info`` (falling back
+to ``/get_server_info``) and ``/model_info`` (falling back to ``/get_model_info``). It names the
+worker's model after ``served_model_name`` (so the router's ``/v1/models`` lists the real id instead of
+``unknown``). ``model_path`` and ``tokenizer_path`` are left out on purpose: given either, the router
+tries to load that tokenizer itself, downloading it from the Hugging Face hub when the value is a
+registry name such as ``smollm2-135m-instruct``; its HTTP routing does not need one.
+
+No key is needed (like ``/health``): these say which model is served and the server's limits, nothing
+about any tenant.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from rag.api.deps import ServicesDep
+from rag.api.services import Services
+
+router = APIRouter(tags=["worker"], include_in_schema=False)
+
+
+@router.get("/model_info")
+@router.get("/get_model_info")
+async def model_info(services: ServicesDep) -> dict[str, Any]:
+    """The served model (SGLang's ``/get_model_info`` fields that apply here)."""
+    engine = services.engine
+    info: dict[str, Any] = {
+        "served_model_name": _model_id(services),
+        "is_generation": True,
+        "model_type": "causal_lm",
+    }
+    if engine is not None and getattr(engine, "max_context", None):
+        info["max_context_length"] = int(engine.max_context)
+    return info
+
+
+@router.get("/server_info")
+@router.get("/get_server_info")
+async def server_info(services: ServicesDep) -> dict[str, Any]:
+    """Server limits and state (SGLang's ``/get_server_info`` names where one applies)."""
+    from rag.api.app import _version
+
+    settings = services.settings
+    return {
+        "served_model_name": _model_id(services),
+        "version": _version(),
+        "state": services.state,
+        "dp_size": 1,
+        "max_running_requests": settings.max_inflight,
+        "prefix_caching": bool(settings.engine.enable_prefix_cache and settings.engine.cache_bytes > 0),
+        "cache_bytes": settings.engine.cache_bytes,
+    }
+
+
+def _model_id(services: Services) -> str:
+    names = services.model_names()
+    return names[0] if names else services.settings.engine.model

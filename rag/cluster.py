@@ -2,8 +2,11 @@
 
 A prefix cache only pays when requests that share a prefix reach the replica that holds it.
 sglang-router's ``cache_aware`` policy keeps an approximate radix tree of the text it sent to each
-worker and routes a request to the worker with the longest match (when the match covers more than
-``--cache-threshold`` of it and the load is balanced); ``round_robin`` ignores prefixes.
+worker (chat: the messages' contents; completions: the prompt) and sends a request to the worker with
+the longest match when that covers more than ``--cache-threshold`` (0.3) of its text; otherwise to the
+least-loaded worker, where load is the router's count of requests in flight (ties: the first worker,
+so a strictly sequential client sees every new prefix go to the same replica). ``round_robin``
+ignores prefixes.
 
 Every process runs in its own process group, listens on 127.0.0.1 (by default) on a free port, and
 writes its log to ``log_dir``; ``stop()`` (or leaving the ``with`` block) sends SIGTERM to the router,
@@ -206,7 +209,7 @@ class Replica:
         self.process.stop(self.shutdown_timeout_s + 15)
 
     def __enter__(self) -> Replica:
-        return self.start().wait_ready()
+        return _started(self)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -215,7 +218,11 @@ class Replica:
 class Router:
     """sglang-router (``python -m sglang_router.launch_router``) in front of ``worker_urls``.
 
-    Its Prometheus exporter binds ``host`` too (it would take 0.0.0.0:29000 by default).
+    It starts with the first worker and registers the others one at a time through its
+    ``POST /workers`` API: sglang-router 0.3.2, given several ``--worker-urls`` at start, builds a
+    ``cache_aware`` tree that knows only one of them and sends every request there (seen here with
+    2 and 3 workers, under concurrent load too); workers added one by one are all routed to. Its
+    Prometheus exporter binds ``host`` too (it would take 0.0.0.0:29000 by default).
     """
 
     def __init__(
@@ -240,7 +247,7 @@ class Router:
         self.host = host
         self.port = port or free_port(host)
         self.shutdown_grace_s = shutdown_grace_s
-        argv = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *self.worker_urls]
+        argv = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", self.worker_urls[0]]
         argv += ["--policy", policy, "--host", host, "--port", str(self.port)]
         argv += ["--prometheus-host", host, "--prometheus-port", str(free_port(host))]
         argv += ["--log-level", "warn", "--worker-startup-timeout-secs", str(startup_timeout_s)]
@@ -256,28 +263,39 @@ class Router:
         self.process.start()
         return self
 
-    def ready(self) -> bool:
-        """True once the router reports every worker healthy (``GET /readiness``)."""
+    def healthy_workers(self) -> int:
+        """How many workers the router counts as healthy (``GET /readiness``); raises if it died."""
         if not self.process.alive:
             raise RuntimeError(
-                f"the router exited with code {self.process.returncode} during startup:\n{self.process.tail()}"
+                f"the router exited with code {self.process.returncode}:\n{self.process.tail()}"
             )
         try:
             reply = httpx.get(self.url + "/readiness", timeout=2)
-            healthy = reply.json().get("healthy_workers", 0) if reply.status_code == 200 else 0
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return False
-        return bool(healthy >= len(self.worker_urls))
+            return int(reply.json().get("healthy_workers", 0))
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+            return 0
 
     def wait_ready(self, timeout_s: float = 60.0) -> Router:
-        wait_for([self.ready], timeout_s, f"the router at {self.url}")
+        """Wait for the first worker, then add the others one at a time, each until it is healthy."""
+        wait_for([self._healthy_at_least(1)], timeout_s, f"the router at {self.url}")
+        for count, url in enumerate(self.worker_urls[1:], start=2):
+            self.add_worker(url)
+            wait_for([self._healthy_at_least(count)], timeout_s, f"{url} behind the router")
         return self
+
+    def _healthy_at_least(self, count: int) -> Callable[[], bool]:
+        return lambda: self.healthy_workers() >= count
+
+    def add_worker(self, url: str) -> None:
+        reply = httpx.post(self.url + "/workers", json={"url": url}, timeout=10)
+        if reply.status_code >= 300:
+            raise RuntimeError(f"the router refused worker {url}: {reply.status_code} {reply.text[:200]}")
 
     def stop(self) -> None:
         self.process.stop(self.shutdown_grace_s + 5)
 
     def __enter__(self) -> Router:
-        return self.start().wait_ready()
+        return _started(self)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -395,6 +413,15 @@ class Cluster:
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self.stop(keep_logs=exc_type is not None)
+
+
+def _started(server: Any) -> Any:
+    """``server.start().wait_ready()``, stopping it again if it never gets ready."""
+    try:
+        return server.start().wait_ready()
+    except BaseException:
+        server.stop()
+        raise
 
 
 def free_port(host: str = "127.0.0.1") -> int:

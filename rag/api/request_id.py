@@ -22,12 +22,12 @@ log = logging.getLogger(__name__)
 
 HEADER = "x-request-id"
 _INCOMING = (b"x-request-id", b"x-correlation-id", b"x-trace-id", b"request-id")
-_VALID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")  # printable, no spaces: safe in logs and headers
+_VALID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")  # printable, no spaces: safe in logs and headers
 
 
 def clean_request_id(value: str) -> str | None:
     """``value`` if it is a usable request id (1-128 visible ASCII characters, no spaces), else None."""
-    return value if _VALID.match(value) else None
+    return value if _VALID.fullmatch(value) else None
 
 
 class RequestIdMiddleware:

@@ -69,6 +69,35 @@ def calibrate_row_padding(weight: torch.Tensor, limit: int = 16) -> list[int]:
     return table
 
 
+def _fused_parameter(modules: list[Any], name: str) -> torch.Tensor:
+    """Concatenate ``module.<name>`` along rows and point each module at its slice of the result.
+
+    Made once per model: later runners over the same model find the fused tensor and reuse it.
+    """
+    marker = f"_prefixrag_fused_{name}"
+    params = [getattr(mod, name) for mod in modules]
+    fused = getattr(modules[0], marker, None)
+    if fused is not None and _points_into(params, fused):
+        return fused
+    with torch.no_grad():
+        fused = torch.cat([p.data for p in params]).contiguous()
+    offset = 0
+    for p in params:
+        p.data = fused[offset : offset + p.shape[0]]  # a view: the model keeps working, memory is shared
+        offset += p.shape[0]
+    setattr(modules[0], marker, fused)
+    return fused
+
+
+def _points_into(params: list[torch.Tensor], fused: torch.Tensor) -> bool:
+    offset = 0
+    for p in params:
+        if p.data.data_ptr() != fused[offset].data_ptr() or p.dtype != fused.dtype:
+            return False
+        offset += p.shape[0]
+    return offset == fused.shape[0]
+
+
 @dataclass
 class _Layer:
     in_norm: torch.Tensor
@@ -119,20 +148,18 @@ class FusedLlamaRunner:
 
     @staticmethod
     def _fuse(layer: Any) -> _Layer:
+        """Fused weights for one layer, made once per model: afterwards the model's own q/k/v and
+        gate/up weights are views into the fused tensors, so no weight is held twice."""
         a, m = layer.self_attn, layer.mlp
-        with torch.no_grad():
-            wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous()
-            bias = None
-            if a.q_proj.bias is not None:
-                bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).contiguous()
-            wgu = torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous()
+        wqkv = _fused_parameter([a.q_proj, a.k_proj, a.v_proj], "weight")
+        bias = _fused_parameter([a.q_proj, a.k_proj, a.v_proj], "bias") if a.q_proj.bias is not None else None
         return _Layer(
             in_norm=layer.input_layernorm.weight,
             post_norm=layer.post_attention_layernorm.weight,
             wqkv=wqkv,
             bqkv=bias,
             wo=a.o_proj.weight,
-            wgu=wgu,
+            wgu=_fused_parameter([m.gate_proj, m.up_proj], "weight"),
             wdown=m.down_proj.weight,
         )
 

@@ -24,7 +24,7 @@ def engine(loaded_model):
 
 @pytest.fixture
 def pipeline(engine, embedder, llm_tokenizer) -> Pipeline:
-    config = RAGConfig(max_tokens=24)
+    config = RAGConfig(max_tokens=48)
     kb = KnowledgeBase(config, embedder=embedder, chunker=Chunker(llm_tokenizer))
     p = Pipeline(config, engine=engine, knowledge_base=kb)
     p.add_documents([*SMALL_CORPUS, FACT])

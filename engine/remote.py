@@ -96,6 +96,10 @@ class RemoteEngine:
             self._tokenizer = _load_tokenizer(self._tokenizer_source)
         return self._tokenizer
 
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
     @property
     def max_context(self) -> int | None:
         """The served model's context length: given, or asked once of the server (None if it won't say)."""

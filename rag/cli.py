@@ -154,6 +154,49 @@ def serve(
     run_server(settings, log_level=log_level)
 
 
+@app.command("bench-router")
+def bench_router(
+    out: Path = typer.Option(
+        Path("bench-results/router"), "--out", help="directory for router.md/.json/.png"
+    ),
+    requests: int = typer.Option(48, "--requests", min=2, help="requests in the stream"),
+    replicas: str = typer.Option("2,3", "--replicas", help="cluster sizes to measure, comma-separated"),
+    policies: str = typer.Option("cache_aware,round_robin", "--policies", help="sglang-router policies"),
+    concurrency: int = typer.Option(3, "--concurrency", min=1, help="clients sending at once"),
+    skew: float = typer.Option(1.2, "--skew", min=0.0, help="Zipf skew of topic popularity"),
+    seed: int = typer.Option(0, "--seed", help="workload seed"),
+    max_tokens: int = typer.Option(8, "--max-tokens", min=1, help="tokens generated per request"),
+    single: bool = typer.Option(True, "--single/--no-single", help="also measure one replica, no router"),
+    single_threads: str = typer.Option(
+        "",
+        "--single-threads",
+        help="torch threads of the single replica, comma-separated (default: all cores)",
+    ),
+) -> None:
+    """Token hit rate and TTFT of the RAG workload: one replica vs N behind sglang-router (per policy)."""
+    from rag.benchmark.router import RouterBenchConfig, run_router_bench
+    from rag.benchmark.router_report import results_table
+
+    try:
+        config = RouterBenchConfig(
+            requests=requests,
+            skew=skew,
+            seed=seed,
+            concurrency=concurrency,
+            max_tokens=max_tokens,
+            replicas=tuple(int(n) for n in replicas.split(",") if n.strip()),
+            policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
+            single=single,
+            single_threads=tuple(int(n) for n in single_threads.split(",") if n.strip()),
+        )
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    results = run_router_bench(config, out, progress=console.print)
+    console.print(results_table(results))
+    console.print(f"report: {out / 'router.md'}")
+
+
 @app.command()
 def version() -> None:
     """Print the installed version."""

@@ -167,6 +167,7 @@ def bench_router(
     seed: int = typer.Option(0, "--seed", help="workload seed"),
     max_tokens: int = typer.Option(8, "--max-tokens", min=1, help="tokens generated per request"),
     single: bool = typer.Option(True, "--single/--no-single", help="also measure one replica, no router"),
+    cache_mib: int = typer.Option(3072, "--cache-mib", min=1, help="prefix-cache budget per replica (MiB)"),
     single_threads: str = typer.Option(
         "",
         "--single-threads",
@@ -188,6 +189,7 @@ def bench_router(
             policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
             single=single,
             single_threads=tuple(int(n) for n in single_threads.split(",") if n.strip()),
+            cache_bytes=cache_mib << 20,
         )
     except ValueError as exc:
         console.print(f"[red]error:[/] {exc}")

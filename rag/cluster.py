@@ -218,11 +218,14 @@ class Replica:
 class Router:
     """sglang-router (``python -m sglang_router.launch_router``) in front of ``worker_urls``.
 
-    It starts with the first worker and registers the others one at a time through its
-    ``POST /workers`` API: sglang-router 0.3.2, given several ``--worker-urls`` at start, builds a
-    ``cache_aware`` tree that knows only one of them and sends every request there (seen here with
-    2 and 3 workers, under concurrent load too); workers added one by one are all routed to. Its
-    Prometheus exporter binds ``host`` too (it would take 0.0.0.0:29000 by default).
+    Ready once it counts every worker healthy. Its Prometheus exporter binds ``host`` too, on a free
+    port (by default it takes 0.0.0.0:29000, and a second router on the host would fail to start).
+
+    Example:
+        >>> with Router(["http://127.0.0.1:8001", "http://127.0.0.1:8002"], "round_robin",
+        ...             log_dir=Path("/tmp/logs")) as router:                          # doctest: +SKIP
+        ...     httpx.get(router.url + "/workers").json()["total"]
+        2
     """
 
     def __init__(
@@ -247,7 +250,7 @@ class Router:
         self.host = host
         self.port = port or free_port(host)
         self.shutdown_grace_s = shutdown_grace_s
-        argv = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", self.worker_urls[0]]
+        argv = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *self.worker_urls]
         argv += ["--policy", policy, "--host", host, "--port", str(self.port)]
         argv += ["--prometheus-host", host, "--prometheus-port", str(free_port(host))]
         argv += ["--log-level", "warn", "--worker-startup-timeout-secs", str(startup_timeout_s)]
@@ -276,20 +279,10 @@ class Router:
             return 0
 
     def wait_ready(self, timeout_s: float = 60.0) -> Router:
-        """Wait for the first worker, then add the others one at a time, each until it is healthy."""
-        wait_for([self._healthy_at_least(1)], timeout_s, f"the router at {self.url}")
-        for count, url in enumerate(self.worker_urls[1:], start=2):
-            self.add_worker(url)
-            wait_for([self._healthy_at_least(count)], timeout_s, f"{url} behind the router")
+        """Wait until the router counts every worker healthy."""
+        expected = len(self.worker_urls)
+        wait_for([lambda: self.healthy_workers() >= expected], timeout_s, f"the router at {self.url}")
         return self
-
-    def _healthy_at_least(self, count: int) -> Callable[[], bool]:
-        return lambda: self.healthy_workers() >= count
-
-    def add_worker(self, url: str) -> None:
-        reply = httpx.post(self.url + "/workers", json={"url": url}, timeout=10)
-        if reply.status_code >= 300:
-            raise RuntimeError(f"the router refused worker {url}: {reply.status_code} {reply.text[:200]}")
 
     def stop(self) -> None:
         self.process.stop(self.shutdown_grace_s + 5)

@@ -72,6 +72,7 @@ class RouterBenchConfig:
     single_threads: tuple[int, ...] = ()  # torch threads of the single replica (default: all cores)
     model: str = DEFAULT_MODEL
     index_dir: Path | None = None  # default: the demo's Python-reference index
+    cache_bytes: int | None = 3 << 30  # per replica; room for the whole stream, so nothing is evicted
 
     def __post_init__(self) -> None:
         for name in ("requests", "top_k", "concurrency", "max_tokens"):
@@ -185,17 +186,26 @@ def oracle_hit_rate(prompts: Sequence[Sequence[int]]) -> float:
 
 
 def replay(
-    url: str, model: str, prompts: Sequence[Sequence[int]], *, concurrency: int, max_tokens: int
+    url: str,
+    model: str,
+    prompts: Sequence[Sequence[int]],
+    *,
+    concurrency: int,
+    max_tokens: int,
+    tokenizer: Any = None,
 ) -> tuple[list[Outcome], float]:
-    """Send every prompt (as text) through ``url`` with ``concurrency`` clients; outcomes in stream
-    order and the wall time."""
+    """Send every prompt (as text, decoded with ``tokenizer``, by default the model's) through ``url``
+    with ``concurrency`` clients; outcomes in stream order and the wall time."""
+    from engine.models import load_tokenizer
+
+    tokenizer = tokenizer or load_tokenizer(model)
     params = SamplingParams(max_tokens=max_tokens)
     todo = iter(enumerate(prompts))
     lock = threading.Lock()
     outcomes: list[Outcome] = []
 
     def client() -> None:
-        with RemoteEngine(url, model, prompt_format="text", timeout_s=600) as eng:
+        with RemoteEngine(url, model, prompt_format="text", timeout_s=600, tokenizer=tokenizer) as eng:
             while True:
                 with lock:
                     nxt = next(todo, None)
@@ -266,6 +276,7 @@ def _replica_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, i
         "requests": get(after, "engine", "requests") - get(before, "engine", "requests"),
         "hit_tokens": get(after, "cache", "hit_tokens") - get(before, "cache", "hit_tokens"),
         "query_tokens": get(after, "cache", "query_tokens") - get(before, "cache", "query_tokens"),
+        "evicted_tokens": get(after, "cache", "evicted_tokens") - get(before, "cache", "evicted_tokens"),
     }
 
 
@@ -305,7 +316,10 @@ def configurations(
 def _single(config: RouterBenchConfig, threads: int, log_dir: Path) -> Iterator[Target]:
     from rag.cluster import Replica
 
-    with Replica(model=config.model, log_dir=log_dir, threads=threads, name=f"single-{threads}") as r:
+    env = _replica_env(config)
+    with Replica(
+        model=config.model, log_dir=log_dir, threads=threads, env=env, name=f"single-{threads}"
+    ) as r:
         yield Target(r.url, [r])
 
 
@@ -313,8 +327,18 @@ def _single(config: RouterBenchConfig, threads: int, log_dir: Path) -> Iterator[
 def _cluster(config: RouterBenchConfig, n: int, policy: str, log_dir: Path) -> Iterator[Target]:
     from rag.cluster import Cluster, Policy
 
-    with Cluster(n, cast(Policy, policy), model=config.model, log_dir=log_dir / f"{n}-{policy}") as c:
+    with Cluster(
+        n,
+        cast(Policy, policy),
+        model=config.model,
+        log_dir=log_dir / f"{n}-{policy}",
+        env=_replica_env(config),
+    ) as c:
         yield Target(c.url, list(c.replicas))
+
+
+def _replica_env(config: RouterBenchConfig) -> dict[str, str]:
+    return {"PREFIXRAG_ENGINE__CACHE_BYTES": str(config.cache_bytes)} if config.cache_bytes else {}
 
 
 def measure(

@@ -12,15 +12,15 @@ def results_table(results: dict[str, Any]) -> str:
     >>> row = {"name": "1 replica", "token_hit_rate": 0.5, "replica_token_hit_rate": 0.5,
     ...        "ttft_s": {"mean": 1.0, "p50": 0.5, "p95": 3.0}, "hit_ttft_s": {"mean": 0.4, "n": 2},
     ...        "miss_ttft_s": {"mean": 2.0, "n": 2}, "requests_per_s": 0.5, "errors": [],
-    ...        "per_replica": [{"requests": 4}]}
+    ...        "per_replica": [{"requests": 4, "evicted_tokens": 0}]}
     >>> print(results_table({"configs": [row], "stream": {"oracle_token_hit_rate": 0.6}}).splitlines()[2])
-    | 1 replica | 50.0% | 50.0% | 83% | 1.00 | 0.50 | 3.00 | 0.40 (2) | 2.00 (2) | 4 | 0.50 |
+    | 1 replica | 50.0% | 50.0% | 83% | 1.00 | 0.50 | 3.00 | 0.40 (2) | 2.00 (2) | 4 | 0 | 0.50 |
     """
     oracle = results["stream"]["oracle_token_hit_rate"]
     lines = [
         "| configuration | token hit rate | (replicas' counters) | of oracle | TTFT mean s | p50 s | p95 s "
-        "| TTFT hits s (n) | TTFT misses s (n) | requests per replica | req/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| TTFT hits s (n) | TTFT misses s (n) | requests per replica | evicted tokens | req/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in results["configs"]:
         t, h, m = r["ttft_s"], r["hit_ttft_s"], r["miss_ttft_s"]
@@ -29,7 +29,8 @@ def results_table(results: dict[str, Any]) -> str:
         lines.append(
             f"| {r['name']} | {100 * r['token_hit_rate']:.1f}% | {100 * r['replica_token_hit_rate']:.1f}% "
             f"| {of_oracle} | {t['mean']:.2f} | {t['p50']:.2f} | {t['p95']:.2f} "
-            f"| {h['mean']:.2f} ({h['n']}) | {m['mean']:.2f} ({m['n']}) | {spread} | {r['requests_per_s']:.2f} |"
+            f"| {h['mean']:.2f} ({h['n']}) | {m['mean']:.2f} ({m['n']}) | {spread} "
+            f"| {sum(p.get('evicted_tokens', 0) for p in r['per_replica'])} | {r['requests_per_s']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -332,8 +333,10 @@ class Cluster:
         self.policy = policy
         self.model = model
         self.startup_timeout_s = startup_timeout_s
-        self._own_log_dir = log_dir is None
-        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="prefixrag-cluster-"))
+        self._own_log_dir = log_dir is None  # made on start (by the first log file), removed on stop
+        self.log_dir = Path(
+            log_dir or Path(tempfile.gettempdir()) / f"prefixrag-cluster-{uuid.uuid4().hex[:8]}"
+        )
         threads = threads_per_replica or max(1, (os.cpu_count() or 1) // replicas)
         self.replicas = [
             Replica(

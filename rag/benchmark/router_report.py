@@ -36,21 +36,21 @@ def results_table(results: dict[str, Any]) -> str:
 
 
 def write_plot(results: dict[str, Any], path: Path) -> None:
-    """Token hit rate and TTFT (mean with p50 and p95 marks) per configuration, side by side."""
+    """Token hit rate (top) and TTFT (mean with p50 and p95 marks, bottom) per configuration."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = results["configs"]
-    names = [r["name"].replace(", ", "\n") for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    left.bar(names, [100 * r["token_hit_rate"] for r in rows], color="#4c72b0")
+    names = [r["name"].replace(", ", "\n").replace(" (", "\n(") for r in rows]
+    fig, (left, right) = plt.subplots(2, 1, figsize=(max(8.0, 1.5 * len(rows)), 7.5), sharex=True)
+    x = range(len(rows))
+    left.bar(x, [100 * r["token_hit_rate"] for r in rows], color="#4c72b0")
     left.axhline(100 * results["stream"]["oracle_token_hit_rate"], color="k", ls="--", lw=1, label="oracle")
     left.set_ylabel("token hit rate (%)")
     left.set_ylim(0, 100)
     left.legend(loc="lower right")
-    x = range(len(rows))
     right.bar(x, [r["ttft_s"]["mean"] for r in rows], color="#dd8452", label="mean")
     right.scatter(x, [r["ttft_s"]["p50"] for r in rows], color="k", marker="_", s=400, label="p50", zorder=3)
     right.scatter(x, [r["ttft_s"]["p95"] for r in rows], color="k", marker="^", label="p95", zorder=3)

@@ -118,7 +118,7 @@ class Engine:
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids for a prompt: text, ids, or chat messages (rendered with the chat template)."""
         if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+            return self._encode_text(prompt)
         if not isinstance(prompt, (list, tuple)):
             raise ValueError(
                 f"prompt must be a string, a list of token ids, or a list of chat messages, got {type(prompt).__name__}"
@@ -141,10 +141,11 @@ class Engine:
 
     def stream(
         self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
-    ) -> Iterator[StreamEvent]:
-        """Yield text deltas as they are decoded. Closing the iterator early cancels the request."""
+    ) -> RequestStream:
+        """Yield text deltas as they are decoded. ``close()`` or ``cancel()`` on the returned stream
+        (from any thread, started or not) cancels the request and releases its cache lock."""
         request = self.submit(prompt, params, namespace=namespace)
-        return self._events(request)
+        return RequestStream(request, self._cancel)
 
     def submit(self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = "") -> Request:
         """Validate and enqueue a request; consume ``request.events`` (or use stream/generate)."""
@@ -165,10 +166,25 @@ class Engine:
         )
         self._ensure_worker()
         with self._wakeup:
-            self.scheduler.add(request)  # may raise QueueFullError
+            try:
+                self.scheduler.add(request)
+            except QueueFullError as full:
+                full.retry_after_s = self._retry_after_s()
+                raise
             self._counters["requests"] += 1
             self._wakeup.notify()
         return request
+
+    def cache_stats(self, namespace: str | None = None) -> Any:
+        """The prefix cache's CacheStats, for one tenant namespace or (None) all of them."""
+        return self.cache.stats(None if namespace is None else self._namespace(namespace))
+
+    def _retry_after_s(self) -> float:
+        """When a slot is likely to free up: the queue ahead, at the recent mean request duration."""
+        finished = max(self._counters["finished"] + self._counters["cancelled"], 1)
+        mean_s = (self._counters["prefill_s"] + self._counters["decode_s"]) / finished
+        ahead = len(self.scheduler) + len(self._running)
+        return float(min(max(1.0, ahead * mean_s / self.config.max_running), 60.0))
 
     def cached_prefix_length(self, token_ids: Sequence[int], namespace: str = "") -> int:
         """How many leading tokens of ``token_ids`` the cache holds (no side effects)."""
@@ -241,7 +257,13 @@ class Engine:
         req.buffer = self.runner.new_buffer(len(ids) + min(req.max_new_tokens, 512))
         req.cached_tokens = req.buffer.load_prefix(match.values)
         clock = req.phase("load", clock)
-        logits = self.runner.prefill(ids[match.length :], req.buffer)
+        suffix = ids[match.length :]
+        step = self.config.prefill_chunk_tokens
+        for start in range(0, len(suffix), step):  # chunks: a cancelled request stops between them
+            if req.cancelled.is_set():
+                self._finish(req, "cancelled")
+                return
+            logits = self.runner.prefill(suffix[start : start + step], req.buffer)
         clock = req.phase("prefill", clock)
         if self.caching:
             self.cache.insert(ids, req.buffer.segment(0, len(ids)), namespace=req.namespace)
@@ -366,26 +388,14 @@ class Engine:
             self._fail(req, exc)
 
     # ---- helpers --------------------------------------------------------------------------
-    def _events(self, req: Request) -> Iterator[StreamEvent]:
-        finished = False
-        try:
-            while True:
-                item = req.events.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    if isinstance(item, (ValueError, QueueFullError, EngineError)):
-                        raise item
-                    raise EngineError(f"generation failed: {type(item).__name__}: {item}") from item
-                yield item
-                if item.finish_reason is not None:
-                    finished = True
-                    return
-        finally:
-            if not finished:  # the consumer went away: cancel, and wait for the lock to be released
-                req.cancelled.set()
-                with self._wakeup:
-                    self._wakeup.notify()
-                req.done.wait(timeout=120)
+    def _cancel(self, req: Request, wait_s: float = 120.0) -> None:
+        """Cancel a request from any thread and wait until the worker has released its cache lock."""
+        if req.done.is_set():
+            return
+        req.cancelled.set()
+        with self._wakeup:
+            self._wakeup.notify()
+        req.done.wait(timeout=wait_s)
 
     def _ensure_worker(self) -> None:
         with self._wakeup:
@@ -403,17 +413,68 @@ class Engine:
             return 0
         return int(self.cache.peek_length(req.prompt_ids[:-1], namespace=req.namespace))
 
+    def _encode_text(self, text: str) -> list[int]:
+        try:
+            return list(self.tokenizer.encode(text, add_special_tokens=True))
+        except (TypeError, UnicodeError) as exc:  # e.g. lone surrogates the Rust tokenizer refuses
+            raise ValueError(f"prompt text cannot be tokenized: {exc}") from exc
+
     def _render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         for i, m in enumerate(messages):
             if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise ValueError(f"message {i} needs string 'role' and 'content', got {sorted(m)}")
         if getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
+            try:
+                ids = self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            except (TypeError, UnicodeError) as exc:
+                raise ValueError(f"chat messages cannot be tokenized: {exc}") from exc
             return [int(t) for t in ids]
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-        return list(self.tokenizer.encode(text, add_special_tokens=True))
+        return self._encode_text("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:")
+
+
+class RequestStream(Iterator[StreamEvent]):
+    """The events of one request. Iterate it; ``close()`` or ``cancel()`` from any thread, before or
+    during iteration, cancels the request and waits until its cache lock is released.
+
+    Example:
+        >>> stream = engine.stream("Tell me a story", SamplingParams(max_tokens=200))  # doctest: +SKIP
+        >>> first = next(stream)
+        >>> stream.cancel()                       # e.g. the HTTP client went away
+    """
+
+    def __init__(self, request: Request, cancel: Any) -> None:
+        self.request = request
+        self._cancel_fn = cancel
+        self._finished = False
+
+    def __iter__(self) -> RequestStream:
+        return self
+
+    def __next__(self) -> StreamEvent:
+        if self._finished:
+            raise StopIteration
+        item = self.request.events.get()
+        if isinstance(item, BaseException):
+            self._finished = True
+            if isinstance(item, (ValueError, QueueFullError, EngineError)):
+                raise item
+            raise EngineError(f"generation failed: {type(item).__name__}: {item}") from item
+        if item.finish_reason is not None:
+            self._finished = True
+        return item
+
+    def cancel(self) -> None:
+        if not self._finished:
+            self._cancel_fn(self.request)
+
+    def close(self) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:  # a dropped, unfinished stream must not hold its cache lock forever
+        if not self._finished and not self.request.done.is_set():
+            self.request.cancelled.set()
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,10 +21,19 @@ import torch
 
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
+from engine.encoding import Prompt, encode_prompt
 from engine.fused import FusedLlamaRunner, fused_unsupported_reason
 from engine.kv import KVBuffer
 from engine.models import DEFAULT_MODEL, load_model
-from engine.request import EngineError, GenerationResult, QueueFullError, Request, StreamEvent, final_result
+from engine.request import (
+    EngineError,
+    GenerationResult,
+    QueueFullError,
+    Request,
+    RequestStream,
+    StreamEvent,
+    final_result,
+)
 from engine.runner import ModelRunner, prefix_reuse_blocker
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler
@@ -32,7 +41,6 @@ from prefix_cache import RadixCache
 
 log = logging.getLogger(__name__)
 
-Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
 _NS_SEP = "\x1f"  # joins model id and tenant namespace
 
 
@@ -117,21 +125,7 @@ class Engine:
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids for a prompt: text, ids, or chat messages (rendered with the chat template)."""
-        if isinstance(prompt, str):
-            return self._encode_text(prompt)
-        if not isinstance(prompt, (list, tuple)):
-            raise ValueError(
-                f"prompt must be a string, a list of token ids, or a list of chat messages, got {type(prompt).__name__}"
-            )
-        items = list(prompt)
-        if items and all(isinstance(m, dict) for m in items):
-            return self._render_chat(items)
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
-            bad = [t for t in items if not 0 <= t < self.runner.vocab_size]
-            if bad:
-                raise ValueError(f"token ids out of range [0, {self.runner.vocab_size}): {bad[:5]}")
-            return [int(t) for t in items]
-        raise ValueError("prompt must be a string, a list of token ids, or a list of chat messages (dicts)")
+        return encode_prompt(self.tokenizer, prompt, self.runner.vocab_size)
 
     def generate(
         self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
@@ -412,69 +406,6 @@ class Engine:
         if not self.caching:
             return 0
         return int(self.cache.peek_length(req.prompt_ids[:-1], namespace=req.namespace))
-
-    def _encode_text(self, text: str) -> list[int]:
-        try:
-            return list(self.tokenizer.encode(text, add_special_tokens=True))
-        except (TypeError, UnicodeError) as exc:  # e.g. lone surrogates the Rust tokenizer refuses
-            raise ValueError(f"prompt text cannot be tokenized: {exc}") from exc
-
-    def _render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        for i, m in enumerate(messages):
-            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise ValueError(f"message {i} needs string 'role' and 'content', got {sorted(m)}")
-        if getattr(self.tokenizer, "chat_template", None):
-            try:
-                ids = self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-            except (TypeError, UnicodeError) as exc:
-                raise ValueError(f"chat messages cannot be tokenized: {exc}") from exc
-            return [int(t) for t in ids]
-        return self._encode_text("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:")
-
-
-class RequestStream(Iterator[StreamEvent]):
-    """The events of one request. Iterate it; ``close()`` or ``cancel()`` from any thread, before or
-    during iteration, cancels the request and waits until its cache lock is released.
-
-    Example:
-        >>> stream = engine.stream("Tell me a story", SamplingParams(max_tokens=200))  # doctest: +SKIP
-        >>> first = next(stream)
-        >>> stream.cancel()                       # e.g. the HTTP client went away
-    """
-
-    def __init__(self, request: Request, cancel: Any) -> None:
-        self.request = request
-        self._cancel_fn = cancel
-        self._finished = False
-
-    def __iter__(self) -> RequestStream:
-        return self
-
-    def __next__(self) -> StreamEvent:
-        if self._finished:
-            raise StopIteration
-        item = self.request.events.get()
-        if isinstance(item, BaseException):
-            self._finished = True
-            if isinstance(item, (ValueError, QueueFullError, EngineError)):
-                raise item
-            raise EngineError(f"generation failed: {type(item).__name__}: {item}") from item
-        if item.finish_reason is not None:
-            self._finished = True
-        return item
-
-    def cancel(self) -> None:
-        if not self._finished:
-            self._cancel_fn(self.request)
-
-    def close(self) -> None:
-        self.cancel()
-
-    def __del__(self) -> None:  # a dropped, unfinished stream must not hold its cache lock forever
-        if not self._finished and not self.request.done.is_set():
-            self.request.cancelled.set()
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.kv import KVBuffer, KVSegment
 from engine.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer, prefixrag_home
-from engine.request import EngineError, GenerationResult, QueueFullError, StreamEvent
+from engine.remote import RemoteEngine
+from engine.request import EngineError, GenerationResult, QueueFullError, RequestStream, StreamEvent
 from engine.sampling import SamplingParams
 
 __all__ = [
@@ -17,6 +18,8 @@ __all__ = [
     "KVSegment",
     "LoadedModel",
     "QueueFullError",
+    "RemoteEngine",
+    "RequestStream",
     "SamplingParams",
     "StreamEvent",
     "load_model",

@@ -5,7 +5,7 @@ from engine.engine import Engine
 from engine.kv import KVBuffer, KVSegment
 from engine.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer, prefixrag_home
 from engine.remote import RemoteEngine
-from engine.request import EngineError, GenerationResult, QueueFullError, StreamEvent
+from engine.request import EngineError, GenerationResult, QueueFullError, RequestStream, StreamEvent
 from engine.sampling import SamplingParams
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "LoadedModel",
     "QueueFullError",
     "RemoteEngine",
+    "RequestStream",
     "SamplingParams",
     "StreamEvent",
     "load_model",

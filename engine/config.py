@@ -36,6 +36,11 @@ class EngineConfig(BaseModel):
         description="fused runner: a request's output never depends on what else is batched with it "
         "(greedy output under load equals sequential output); off: ~20% faster single-stream fp32 decode",
     )
+    prefill_chunk_tokens: int = Field(
+        default=1024,
+        ge=16,
+        description="prefill long prompts in chunks; cancellation takes effect between them",
+    )
     max_waiting: int = Field(default=256, ge=1, description="bounded queue; more raises QueueFullError")
     max_running: int = Field(
         default=8, ge=1, description="requests decoding concurrently (batched on 'fast')"

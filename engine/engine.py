@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,10 +21,19 @@ import torch
 
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
+from engine.encoding import Prompt, encode_prompt
 from engine.fused import FusedLlamaRunner, fused_unsupported_reason
 from engine.kv import KVBuffer
 from engine.models import DEFAULT_MODEL, load_model
-from engine.request import EngineError, GenerationResult, QueueFullError, Request, StreamEvent, final_result
+from engine.request import (
+    EngineError,
+    GenerationResult,
+    QueueFullError,
+    Request,
+    RequestStream,
+    StreamEvent,
+    final_result,
+)
 from engine.runner import ModelRunner, prefix_reuse_blocker
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler
@@ -32,7 +41,6 @@ from prefix_cache import RadixCache
 
 log = logging.getLogger(__name__)
 
-Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
 _NS_SEP = "\x1f"  # joins model id and tenant namespace
 
 
@@ -117,21 +125,7 @@ class Engine:
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids for a prompt: text, ids, or chat messages (rendered with the chat template)."""
-        if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
-        if not isinstance(prompt, (list, tuple)):
-            raise ValueError(
-                f"prompt must be a string, a list of token ids, or a list of chat messages, got {type(prompt).__name__}"
-            )
-        items = list(prompt)
-        if items and all(isinstance(m, dict) for m in items):
-            return self._render_chat(items)
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
-            bad = [t for t in items if not 0 <= t < self.runner.vocab_size]
-            if bad:
-                raise ValueError(f"token ids out of range [0, {self.runner.vocab_size}): {bad[:5]}")
-            return [int(t) for t in items]
-        raise ValueError("prompt must be a string, a list of token ids, or a list of chat messages (dicts)")
+        return encode_prompt(self.tokenizer, prompt, self.runner.vocab_size)
 
     def generate(
         self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
@@ -141,10 +135,11 @@ class Engine:
 
     def stream(
         self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
-    ) -> Iterator[StreamEvent]:
-        """Yield text deltas as they are decoded. Closing the iterator early cancels the request."""
+    ) -> RequestStream:
+        """Yield text deltas as they are decoded. ``close()`` or ``cancel()`` on the returned stream
+        (from any thread, started or not) cancels the request and releases its cache lock."""
         request = self.submit(prompt, params, namespace=namespace)
-        return self._events(request)
+        return RequestStream(request, self._cancel)
 
     def submit(self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = "") -> Request:
         """Validate and enqueue a request; consume ``request.events`` (or use stream/generate)."""
@@ -165,10 +160,25 @@ class Engine:
         )
         self._ensure_worker()
         with self._wakeup:
-            self.scheduler.add(request)  # may raise QueueFullError
+            try:
+                self.scheduler.add(request)
+            except QueueFullError as full:
+                full.retry_after_s = self._retry_after_s()
+                raise
             self._counters["requests"] += 1
             self._wakeup.notify()
         return request
+
+    def cache_stats(self, namespace: str | None = None) -> Any:
+        """The prefix cache's CacheStats, for one tenant namespace or (None) all of them."""
+        return self.cache.stats(None if namespace is None else self._namespace(namespace))
+
+    def _retry_after_s(self) -> float:
+        """When a slot is likely to free up: the queue ahead, at the recent mean request duration."""
+        finished = max(self._counters["finished"] + self._counters["cancelled"], 1)
+        mean_s = (self._counters["prefill_s"] + self._counters["decode_s"]) / finished
+        ahead = len(self.scheduler) + len(self._running)
+        return float(min(max(1.0, ahead * mean_s / self.config.max_running), 60.0))
 
     def cached_prefix_length(self, token_ids: Sequence[int], namespace: str = "") -> int:
         """How many leading tokens of ``token_ids`` the cache holds (no side effects)."""
@@ -241,7 +251,13 @@ class Engine:
         req.buffer = self.runner.new_buffer(len(ids) + min(req.max_new_tokens, 512))
         req.cached_tokens = req.buffer.load_prefix(match.values)
         clock = req.phase("load", clock)
-        logits = self.runner.prefill(ids[match.length :], req.buffer)
+        suffix = ids[match.length :]
+        step = self.config.prefill_chunk_tokens
+        for start in range(0, len(suffix), step):  # chunks: a cancelled request stops between them
+            if req.cancelled.is_set():
+                self._finish(req, "cancelled")
+                return
+            logits = self.runner.prefill(suffix[start : start + step], req.buffer)
         clock = req.phase("prefill", clock)
         if self.caching:
             self.cache.insert(ids, req.buffer.segment(0, len(ids)), namespace=req.namespace)
@@ -366,26 +382,14 @@ class Engine:
             self._fail(req, exc)
 
     # ---- helpers --------------------------------------------------------------------------
-    def _events(self, req: Request) -> Iterator[StreamEvent]:
-        finished = False
-        try:
-            while True:
-                item = req.events.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    if isinstance(item, (ValueError, QueueFullError, EngineError)):
-                        raise item
-                    raise EngineError(f"generation failed: {type(item).__name__}: {item}") from item
-                yield item
-                if item.finish_reason is not None:
-                    finished = True
-                    return
-        finally:
-            if not finished:  # the consumer went away: cancel, and wait for the lock to be released
-                req.cancelled.set()
-                with self._wakeup:
-                    self._wakeup.notify()
-                req.done.wait(timeout=120)
+    def _cancel(self, req: Request, wait_s: float = 120.0) -> None:
+        """Cancel a request from any thread and wait until the worker has released its cache lock."""
+        if req.done.is_set():
+            return
+        req.cancelled.set()
+        with self._wakeup:
+            self._wakeup.notify()
+        req.done.wait(timeout=wait_s)
 
     def _ensure_worker(self) -> None:
         with self._wakeup:
@@ -402,18 +406,6 @@ class Engine:
         if not self.caching:
             return 0
         return int(self.cache.peek_length(req.prompt_ids[:-1], namespace=req.namespace))
-
-    def _render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        for i, m in enumerate(messages):
-            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise ValueError(f"message {i} needs string 'role' and 'content', got {sorted(m)}")
-        if getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-            return [int(t) for t in ids]
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-        return list(self.tokenizer.encode(text, add_special_tokens=True))
 
 
 @dataclass(frozen=True)

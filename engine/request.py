@@ -6,7 +6,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -140,3 +140,46 @@ class Request:
             request_id=self.id,
             phases=dict(self.phases),
         )
+
+
+class RequestStream(Iterator[StreamEvent]):
+    """The events of one request. Iterate it; ``close()`` or ``cancel()`` from any thread, before or
+    during iteration, cancels the request and waits until its cache lock is released.
+
+    Example:
+        >>> stream = engine.stream("Tell me a story", SamplingParams(max_tokens=200))  # doctest: +SKIP
+        >>> first = next(stream)
+        >>> stream.cancel()                       # e.g. the HTTP client went away
+    """
+
+    def __init__(self, request: Request, cancel: Callable[[Request], None]) -> None:
+        self.request = request
+        self._cancel_fn = cancel
+        self._finished = False
+
+    def __iter__(self) -> RequestStream:
+        return self
+
+    def __next__(self) -> StreamEvent:
+        if self._finished:
+            raise StopIteration
+        item = self.request.events.get()
+        if isinstance(item, BaseException):
+            self._finished = True
+            if isinstance(item, (ValueError, QueueFullError, EngineError)):
+                raise item
+            raise EngineError(f"generation failed: {type(item).__name__}: {item}") from item
+        if item.finish_reason is not None:
+            self._finished = True
+        return item
+
+    def cancel(self) -> None:
+        if not self._finished:
+            self._cancel_fn(self.request)
+
+    def close(self) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:  # a dropped, unfinished stream must not hold its cache lock forever
+        if not self._finished and not self.request.done.is_set():
+            self.request.cancelled.set()

@@ -35,25 +35,20 @@ async def iterate_in_thread(
         ...     async for event in events:
         ...         print(event.text, end="")
     """
-    started = False
     try:
         while True:
             item = await anyio.to_thread.run_sync(next, it, _END, limiter=limiter)
-            started = True
             if item is _END:
                 return
             yield cast(T, item)
     finally:
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(_close, it, started, limiter=limiter)
+            await anyio.to_thread.run_sync(_close, it, limiter=limiter)
 
 
-def _close(it: Iterator[Any], started: bool) -> None:
-    # A generator that never ran cannot be cancelled by close() (its try/finally has not begun):
-    # start it first, so the engine's cleanup runs.
-    if not started:
-        with suppress(Exception):
-            next(it, None)
+def _close(it: Iterator[Any]) -> None:
+    # An engine RequestStream cancels on close() whether or not it has started (a queued request
+    # is dropped without waiting for its prefill); a Pipeline stream submits nothing before it runs.
     close = getattr(it, "close", None)
     if close is not None:
         with suppress(Exception):

@@ -185,8 +185,9 @@ def test_queue_full(loaded_model):
         streams = [eng.stream("Once upon a time", long)]
         next(streams[0])  # running
         streams.append(eng.stream("Once upon a time", long))  # waiting
-        with pytest.raises(QueueFullError):
+        with pytest.raises(QueueFullError) as full:
             eng.stream("Once upon a time", long)
+        assert 1.0 <= full.value.retry_after_s <= 60.0
         for s in streams:
             s.close()
     finally:
@@ -198,3 +199,51 @@ def test_closed_engine_refuses(loaded_model):
     eng.close()
     with pytest.raises(EngineError):
         eng.generate("hi", GREEDY)
+
+
+def test_closing_a_never_started_stream_cancels_it(engine):
+    stream = engine.stream(_chat("Describe the project at length."), SamplingParams(max_tokens=200))
+    stream.close()  # before reading a single event
+    assert stream.request.done.wait(30)
+    assert engine.cache.stats().protected_bytes == 0
+    assert engine.stats()["running"] == 0
+
+
+def test_cancel_from_another_thread(engine):
+    stream = engine.stream(
+        _chat("Describe the team in detail."), SamplingParams(max_tokens=300, ignore_eos=True)
+    )
+    next(stream)
+    threading.Thread(target=stream.cancel).start()
+    events = list(stream)  # ends once the worker has honoured the cancel
+    assert events == [] or events[-1].finish_reason == "cancelled"
+    assert stream.request.done.wait(30)
+    assert engine.cache.stats().protected_bytes == 0
+
+
+def test_untokenizable_text_is_a_value_error(engine):
+    with pytest.raises(ValueError, match="cannot be tokenized"):
+        engine.generate("bad \ud800 surrogate", GREEDY)
+    with pytest.raises(ValueError, match="cannot be tokenized"):
+        engine.generate([{"role": "user", "content": "bad \ud800"}], GREEDY)
+
+
+def test_per_tenant_cache_stats(engine):
+    engine.generate("Tenant stats probe, first.", SamplingParams(max_tokens=2), namespace="stats-a")
+    engine.generate("Tenant stats probe, first.", SamplingParams(max_tokens=2), namespace="stats-a")
+    a, b = engine.cache_stats("stats-a"), engine.cache_stats("stats-b")
+    assert a.hit_tokens > 0 and a.cached_tokens > 0
+    assert b.hit_tokens == 0 and b.cached_tokens == 0
+    assert engine.cache_stats().cached_tokens >= a.cached_tokens
+
+
+def test_long_prompt_prefills_in_chunks_with_identical_output(loaded_model, engine_nocache):
+    config = EngineConfig(model=loaded_model.model_id, enable_prefix_cache=False, prefill_chunk_tokens=64)
+    chunked = Engine(
+        loaded_model.model, loaded_model.tokenizer, model_id=loaded_model.model_id, config=config
+    )
+    try:
+        prompt = _chat("What is the secret code?")
+        assert chunked.generate(prompt, GREEDY).token_ids == engine_nocache.generate(prompt, GREEDY).token_ids
+    finally:
+        chunked.close()

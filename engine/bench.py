@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -72,8 +72,12 @@ def run_engine_bench(
     decode_tokens: int = 48,
     context_tokens: int = 1500,
     progress: Callable[[str], None] | None = None,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8),
 ) -> dict[str, Any]:
-    """Measure the engine against itself with caching off and against transformers' generate."""
+    """Measure the engine against itself with caching off and against transformers' generate.
+
+    ``progress`` is called once per stage: warm-up, each TTFT round, decode, batched decode.
+    """
     say = progress or (lambda _msg: None)
     loaded = load_model(model, dtype=dtype)
     tok = loaded.tokenizer
@@ -119,7 +123,7 @@ def run_engine_bench(
         say("decode")
         out["decode"] = _decode_bench(cached, loaded.model, tok, prompts[0], decode_tokens, repeats)
         say("batched decode")
-        out["batched_decode"] = _batched_decode(cached, prompts, decode_tokens)
+        out["batched_decode"] = _batched_decode(cached, prompts, decode_tokens, batch_sizes)
         stats = cached.cache.stats()
         out["cache"] = {
             "bytes_per_token": stats.used_bytes / max(stats.cached_tokens, 1),
@@ -158,13 +162,13 @@ def _decode_bench(
     }
 
 
-def _batched_decode(engine: Engine, prompts: list[Any], n: int) -> dict[str, Any]:
+def _batched_decode(engine: Engine, prompts: list[Any], n: int, batch_sizes: Sequence[int]) -> dict[str, Any]:
     """Aggregate decode throughput with B concurrent requests (the fused runner batches them)."""
     import threading
 
     rows = {}
     params = SamplingParams(max_tokens=n, ignore_eos=True)
-    for batch in (1, 2, 4, 8):
+    for batch in batch_sizes:
         for p in prompts[:batch]:
             engine.generate(p, SamplingParams(max_tokens=1), namespace="batch")  # prefill out of the way
         results: list[Any] = []

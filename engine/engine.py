@@ -24,7 +24,7 @@ from engine.detokenizer import Detokenizer
 from engine.fused import FusedLlamaRunner, fused_unsupported_reason
 from engine.kv import KVBuffer
 from engine.models import DEFAULT_MODEL, load_model
-from engine.request import EngineError, GenerationResult, QueueFullError, Request, StreamEvent
+from engine.request import EngineError, GenerationResult, QueueFullError, Request, StreamEvent, final_result
 from engine.runner import ModelRunner, prefix_reuse_blocker
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler
@@ -137,11 +137,7 @@ class Engine:
         self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
     ) -> GenerationResult:
         """Run one request to completion (thread-safe; concurrent calls are scheduled together)."""
-        result = None
-        for event in self.stream(prompt, params, namespace=namespace):
-            result = event.result or result
-        assert result is not None
-        return result
+        return final_result(self.stream(prompt, params, namespace=namespace))
 
     def stream(
         self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
@@ -447,7 +443,7 @@ def _make_runner(model: Any, config: EngineConfig) -> ModelRunner | FusedLlamaRu
         return ModelRunner(model)
     reason = fused_unsupported_reason(model)
     if reason is None:
-        return FusedLlamaRunner(model)
+        return FusedLlamaRunner(model, batch_invariant=config.batch_invariant)
     if config.runner == "fast":
         raise ValueError(f"runner='fast' cannot run this model: {reason}")
     log.info("using the transformers runner: %s", reason)

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from engine.request import EngineError, GenerationResult, QueueFullError, StreamEvent
+from engine.request import EngineError, GenerationResult, QueueFullError, StreamEvent, final_result
 from engine.sampling import SamplingParams
 
 Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
@@ -65,12 +65,7 @@ class RemoteEngine:
     def generate(
         self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
     ) -> GenerationResult:
-        result = None
-        for event in self.stream(prompt, params, namespace=namespace):
-            result = event.result or result
-        if result is None:
-            raise EngineError(f"{self.base_url} ended the stream without a final chunk")
-        return result
+        return final_result(self.stream(prompt, params, namespace=namespace), self.base_url)
 
     def stream(
         self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""

@@ -6,6 +6,7 @@ import itertools
 import queue
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -64,6 +65,16 @@ class StreamEvent:
     prompt_tokens: int | None = None
     finish_reason: str | None = None
     result: GenerationResult | None = None
+
+
+def final_result(events: Iterable[StreamEvent], source: str = "the engine") -> GenerationResult:
+    """Drain a stream; return the result its last event carries."""
+    result = None
+    for event in events:
+        result = event.result or result
+    if result is None:
+        raise EngineError(f"{source} ended the stream without a final result")
+    return result
 
 
 class EngineError(RuntimeError):

@@ -8,8 +8,8 @@ Example:
     >>> o = PrefixOracle()
     >>> o.serve([1, 2, 3, 4]), o.serve([1, 2, 3, 9]), o.serve([1, 2, 3, 4]), o.serve([1, 2], "tenant-b")
     (0, 3, 3, 0)
-    >>> o.hit_rate
-    0.4
+    >>> round(o.hit_rate, 3)                  # 6 hit tokens of 14
+    0.429
 """
 
 from __future__ import annotations

@@ -44,7 +44,9 @@ class BenchConfig(BaseModel):
     )
     baseline_samples: int = Field(default=20, ge=2, description="caching-off requests (spread evenly)")
     transformers_samples: int = Field(default=12, ge=1, description="transformers generate requests")
-    tpot_prompts: int = Field(default=2, ge=1)
+    tpot_prompts: int = Field(
+        default=2, ge=0, description="0: take TPOT from the engine section's decode figures instead"
+    )
     tpot_tokens: int = Field(default=32, ge=2)
     answer_tokens: int = Field(default=64, ge=1, description="answer length assumed for throughput")
     # sections of the report
@@ -81,12 +83,11 @@ class BenchConfig(BaseModel):
     def quick_run(cls, **overrides: Any) -> BenchConfig:
         """Fewer requests, one engine configuration measured for real, small engine/radix sections."""
         settings: dict[str, Any] = {
-            "requests": 24,
+            "requests": 20,
             "measured": (("cache", 1.0, "lru"),),
             "baseline_samples": 4,
             "transformers_samples": 2,
-            "tpot_prompts": 1,
-            "tpot_tokens": 16,
+            "tpot_prompts": 0,
             "engine_repeats": 2,
             "engine_decode_tokens": 16,
             "engine_batch_sizes": (1, 4),

@@ -221,8 +221,8 @@ def _measured(res: dict[str, Any]) -> str:
     rows += [
         "",
         f"\\* tokens/s: one request at a time with {res['config']['answer_tokens']}-token answers, "
-        f"= answer / (TTFT mean + (answer - 1) x TPOT). TPOT measured apart on {tp['engine']['n']} prompt(s), "
-        f"{res['config']['tpot_tokens']} tokens each: engine {1000 * tp['engine']['p50']:.0f} ms/token, "
+        f"= answer / (TTFT mean + (answer - 1) x TPOT). TPOT measured apart ({tp['source']}): "
+        f"engine {1000 * tp['engine']['p50']:.0f} ms/token, "
         f"transformers generate {1000 * tp['transformers']['p50']:.0f} ms/token. Caching off and transformers "
         f"ran on an evenly spread sample of the stream (their TTFT does not depend on earlier requests).",
         "",

@@ -28,6 +28,7 @@ TINY = BenchConfig.quick_run(
     measured=(("cache", 1.0, "lru"), ("relevance", 0.25, "gdsf")),
     baseline_samples=2,
     transformers_samples=1,
+    tpot_prompts=1,
     tpot_tokens=3,
     engine_repeats=1,
     engine_decode_tokens=3,

@@ -124,7 +124,7 @@ def bench(
         Path("bench-results"), "--out", help="directory for report.md, plots, json, csv"
     ),
     requests: int = typer.Option(
-        None, "--requests", min=2, help="requests in the stream (default 160; quick 24)"
+        None, "--requests", min=2, help="requests in the stream (default 128; quick 20)"
     ),
     skew: float = typer.Option(None, "--skew", min=0.0, help="Zipf skew of topic popularity (default 1.0)"),
     skews: str = typer.Option(
@@ -133,7 +133,7 @@ def bench(
     seed: int = typer.Option(None, "--seed", help="workload seed (default 0)"),
     tenants: int = typer.Option(None, "--tenants", min=1, help="tenants (cache namespaces; default 1)"),
     turns: int = typer.Option(None, "--turns", min=1, help="turns per conversation (default 1)"),
-    samples: int = typer.Option(None, "--samples", min=2, help="caching-off requests measured (default 20)"),
+    samples: int = typer.Option(None, "--samples", min=2, help="caching-off requests measured (default 16)"),
     engine_section: bool = typer.Option(True, "--engine-section/--no-engine-section", help="issue 4 figures"),
     radix_section: bool = typer.Option(True, "--radix-section/--no-radix-section", help="issue 3 figures"),
 ) -> None:

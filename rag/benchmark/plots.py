@@ -20,6 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 ORDER_COLORS = {"relevance": "#d62728", "canonical": "#ff7f0e", "cache": "#1f77b4"}
 EVICTION_STYLES = {"lru": ("o", "-"), "gdsf": ("s", "--")}
@@ -80,7 +81,14 @@ def hit_rate_vs_ttft(results: dict[str, Any]) -> Figure:
             xytext=(6, 6),
             fontsize=8,
         )
-    for name, m in _baselines(results):
+    for k, (name, m) in enumerate(_baselines(results)):
+        ax.annotate(
+            f"{name}: {m['ttft_s']['mean']:.2f} s",
+            (0, m["ttft_s"]["mean"]),
+            textcoords="offset points",
+            xytext=(10, 8 - 16 * k),
+            fontsize=8,
+        )
         ax.scatter(
             0,
             m["ttft_s"]["mean"],
@@ -198,6 +206,10 @@ def ttft_distribution(results: dict[str, Any]) -> Figure:
             style = ":"
         ax.step(xs, ys, where="post", color=color, ls=style, lw=1.6, label=f"{name} (n={len(xs)})")
     ax.set_xscale("log")
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.set_xlabel("time to first token (s, log scale)")
     ax.set_ylabel("share of requests with TTFT <= x")
     ax.set_title("Measured TTFT distribution (empirical CDF)")

@@ -115,8 +115,9 @@ def measured_rows(
             row["capacity_bytes"] = m.capacity_bytes
             row["cache_assembly_ms_median"] = s["cache_assembly_ms_median"]
             row["observed_bytes_per_token"] = m.observed_bytes_per_token
-            row["modelled_ttft_mean_s"] = summarize([fit(u) for u in m.uncached_tokens])["mean"]
             row["ttft_by_topic_novelty"] = _novelty_split(m, first_of_topic)
+        if m.kind in ("engine", "engine-off"):
+            row["modelled_ttft_mean_s"] = summarize([fit(u) for u in m.uncached_tokens])["mean"]
         out[name] = row
     return out
 

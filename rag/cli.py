@@ -124,7 +124,7 @@ def bench(
         Path("bench-results"), "--out", help="directory for report.md, plots, json, csv"
     ),
     requests: int = typer.Option(
-        None, "--requests", min=2, help="requests in the stream (default 128; quick 20)"
+        None, "--requests", min=2, help="requests in the stream (default 128; quick 16)"
     ),
     skew: float = typer.Option(None, "--skew", min=0.0, help="Zipf skew of topic popularity (default 1.0)"),
     skews: str = typer.Option(

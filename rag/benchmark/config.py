@@ -55,6 +55,7 @@ class BenchConfig(BaseModel):
     engine_decode_tokens: int = Field(default=48, ge=2)
     engine_context_tokens: int = Field(default=1500, ge=64)
     engine_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    engine_decode_repeats: int | None = Field(default=None, ge=1, description="default: max(2, repeats // 2)")
     radix_section: bool = True
     radix_requests: int = Field(default=2000, ge=10)
     radix_levels: tuple[int, ...] = (10_000, 100_000)
@@ -83,14 +84,15 @@ class BenchConfig(BaseModel):
     def quick_run(cls, **overrides: Any) -> BenchConfig:
         """Fewer requests, one engine configuration measured for real, small engine/radix sections."""
         settings: dict[str, Any] = {
-            "requests": 20,
+            "requests": 16,
             "measured": (("cache", 1.0, "lru"),),
-            "baseline_samples": 4,
+            "baseline_samples": 3,
             "transformers_samples": 2,
             "tpot_prompts": 0,
             "engine_repeats": 2,
             "engine_decode_tokens": 16,
             "engine_batch_sizes": (1, 4),
+            "engine_decode_repeats": 1,
             "radix_requests": 300,
             "quick": True,
         }

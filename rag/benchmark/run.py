@@ -229,6 +229,7 @@ def _engine_section(config: BenchConfig, clock: _Clock, step: Step) -> dict[str,
             decode_tokens=config.engine_decode_tokens,
             context_tokens=config.engine_context_tokens,
             batch_sizes=config.engine_batch_sizes,
+            decode_repeats=config.engine_decode_repeats,
             progress=lambda msg: step(f"engine section: {msg}"),
         )
     out["repeats"] = config.engine_repeats

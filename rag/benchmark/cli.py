@@ -28,9 +28,21 @@ def parse_skews(text: str) -> tuple[float, ...]:
     return values
 
 
-def bench_command(console: Console, *, quick: bool, out: Path, **options: Any) -> None:
+def bench_command(
+    console: Console, *, quick: bool, out: Path, report_only: bool = False, **options: Any
+) -> None:
     """Build the config from the given options (None: the mode's default), run, print the headline."""
     from rag.benchmark.run import run_benchmark
+
+    if report_only:
+        from rag.benchmark.report import rerender
+
+        if not (out / "results.json").is_file():
+            console.print(f"[red]error:[/] --report-only needs {out / 'results.json'} from an earlier run")
+            raise typer.Exit(2)
+        rerender(out)
+        console.print(f"report: {out / 'report.md'} (redrawn from {out / 'results.json'})")
+        return
 
     overrides = {k: v for k, v in options.items() if v is not None and k not in ("samples", "skews")}
     if options.get("samples") is not None:

@@ -24,7 +24,7 @@ class BenchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # workload
-    requests: int = Field(default=128, ge=2, description="requests in the stream")
+    requests: int = Field(default=96, ge=2, description="requests in the stream")
     skew: float = Field(default=1.0, ge=0, description="Zipf exponent of topic popularity (measured)")
     skews: tuple[float, ...] = Field(default=(0.6, 1.0, 1.4), description="skews of the simulated sweep")
     seed: int = 0
@@ -42,8 +42,8 @@ class BenchConfig(BaseModel):
         ("cache", 0.25, "lru"),
         ("relevance", 1.0, "lru"),
     )
-    baseline_samples: int = Field(default=16, ge=2, description="caching-off requests (spread evenly)")
-    transformers_samples: int = Field(default=8, ge=1, description="transformers generate requests")
+    baseline_samples: int = Field(default=12, ge=2, description="caching-off requests (spread evenly)")
+    transformers_samples: int = Field(default=6, ge=1, description="transformers generate requests")
     tpot_prompts: int = Field(
         default=2, ge=0, description="0: take TPOT from the engine section's decode figures instead"
     )

@@ -49,6 +49,15 @@ def write_outputs(results: dict[str, Any], out_dir: Path) -> list[Path]:
     return [*paths, report]
 
 
+def rerender(out_dir: Path) -> list[Path]:
+    """Redraw the plots and rewrite report.md and results.csv from an existing results.json."""
+    results = json.loads((out_dir / "results.json").read_text())
+    plots = draw_all(results, out_dir)
+    report = out_dir / "report.md"
+    report.write_text(render_markdown(results, [p.name for p in plots]))
+    return [*plots, write_csv(results, out_dir), report]
+
+
 def write_json(results: dict[str, Any], out_dir: Path) -> Path:
     path = out_dir / "results.json"
     path.write_text(json.dumps(_finite(results), indent=1, sort_keys=False) + "\n")
@@ -129,10 +138,26 @@ def _header(res: dict[str, Any]) -> str:
         f"# prefixrag benchmark: prefix-cache hit rate vs time to first token{mode}\n\n"
         f"Run on {meta['date']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']:.0f} GiB, no GPU), "
         f"{m['platform']}; Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}; "
-        f"commit `{meta['commit']}`. `{meta['command']}` took {meta['wall_s'] / 60:.1f} min.\n\n"
-        f"The machine is shared with other jobs, so absolute timings are noisy: the real configurations "
+        f"commit `{meta['commit']}`. `{meta['command']}` took {meta['wall_s'] / 60:.1f} min{_cpu(meta)}.\n\n"
+        f"The machine is shared with other jobs{_load(meta)}, so absolute timings are noisy and slower "
+        f"than on an idle machine: the real configurations "
         f"ran interleaved request by request (rotating which goes first), and the comparisons below are "
         f"ratios of figures measured side by side in this one run."
+    )
+
+
+def _cpu(meta: dict[str, Any]) -> str:
+    cpu = meta.get("cpu_s")
+    return f" ({cpu / 60:.1f} CPU-minutes over all threads)" if cpu else ""
+
+
+def _load(meta: dict[str, Any]) -> str:
+    load = meta.get("load_average")
+    if not load:
+        return ""
+    return (
+        f" (1-minute load average during the run: {load['mean']:.1f} on average, {load['max']:.1f} at "
+        f"most, on {meta['machine']['cores']} cores)"
     )
 
 
@@ -155,8 +180,8 @@ def _headline(res: dict[str, Any]) -> str:
         f"({100 * ref['oracle_hit_rate']:.1f}%, an unbounded cache on the same prompts); the real engine's "
         f"cached tokens equal the simulation's on every measured request: "
         f"**{'yes' if h['all_match'] else 'NO'}**.",
-        f"- Requests whose topic was already asked about: mean TTFT {h['repeat_mean']:.2f} s vs "
-        f"{h['first_mean']:.2f} s for the first request of a topic (compulsory misses, "
+        f"- Requests whose topic was already asked about: mean TTFT {_s(h['repeat_mean'])} vs "
+        f"{_s(h['first_mean'])} for the first request of a topic (compulsory misses, "
         f"{100 * h['first_share']:.0f}% of the stream).",
         f"- Fit over {fit['n']} measured engine requests: TTFT = {fit['a'] * 1000:.0f} ms + "
         f"{fit['b'] * 1000:.2f} ms x uncached tokens (R² = {fit['r2']:.3f}); it puts caching off at "
@@ -392,6 +417,13 @@ def _method(res: dict[str, Any]) -> str:
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
+
+
+def _s(seconds: float | None) -> str:
+    """Seconds with two decimals; 'n/a' for a missing figure (NaN, written to JSON as null)."""
+    if seconds is None or math.isnan(seconds):
+        return "n/a"
+    return f"{seconds:.2f} s"
 
 
 def _us(s: dict[str, float]) -> str:

@@ -57,8 +57,9 @@ def run_benchmark(
 ) -> dict[str, Any]:
     """Run everything ``config`` asks for, write the files into ``out_dir``, return the results."""
     console = console or Console()
-    started, clock = time.perf_counter(), _Clock()
-    with _progress(console, _total_steps(config)) as step:
+    started, cpu_started, clock = time.perf_counter(), time.process_time(), _Clock()
+    load: list[float] = []  # 1-minute load average at each step: how busy the shared machine was
+    with _progress(console, _total_steps(config), load) as step:
         with clock("setup"):
             loaded = loaded or load_model()
             kb = knowledge_base or _demo_knowledge_base(console)
@@ -109,6 +110,8 @@ def run_benchmark(
     results["engine_section"] = engine_section
     results["radix_section"] = radix_section
     results["meta"] = _meta(command, time.perf_counter() - started)
+    results["meta"]["cpu_s"] = time.process_time() - cpu_started  # all threads: the work, load aside
+    results["meta"]["load_average"] = {"mean": sum(load) / max(len(load), 1), "max": max(load, default=0.0)}
     results["meta"]["phase_seconds"] = clock.seconds
     write_outputs(results, out_dir)
     return results
@@ -270,7 +273,7 @@ def _total_steps(config: BenchConfig) -> int:
 
 
 @contextmanager
-def _progress(console: Console, total: int) -> Iterator[Step]:
+def _progress(console: Console, total: int, load: list[float]) -> Iterator[Step]:
     columns = (
         TextColumn("[bold]bench[/]"),
         BarColumn(),
@@ -285,6 +288,7 @@ def _progress(console: Console, total: int) -> Iterator[Step]:
         def step(description: str) -> None:
             nonlocal done
             done += 1
+            load.append(_load_average())
             progress.update(task, advance=1, description=description)
             if not console.is_terminal and done % max(total // 20, 1) == 0:  # logs: a line every 5%
                 console.print(f"bench {done}/{total} {time.perf_counter() - started:.0f}s {description}")
@@ -331,12 +335,24 @@ def _meta(command: str, wall_s: float) -> dict[str, Any]:
     }
 
 
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not available on this platform
+        return float("nan")
+
+
 def _git_commit() -> str:
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=True
         )
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"

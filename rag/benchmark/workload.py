@@ -45,7 +45,7 @@ class WorkloadSpec:
         2
     """
 
-    requests: int = 128
+    requests: int = 96
     skew: float = 1.0
     seed: int = 0
     tenants: int = 1

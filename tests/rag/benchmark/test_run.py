@@ -13,6 +13,7 @@ import pytest
 
 from rag.benchmark import BenchConfig, run_benchmark
 from rag.benchmark.plots import PLOTS
+from rag.benchmark.report import rerender
 from rag.chunking import Chunker
 from rag.loaders import load_python_reference
 from rag.store import KnowledgeBase
@@ -65,6 +66,13 @@ def test_report_embeds_every_plot_and_states_the_figures(run):
         assert heading in report
     assert results["meta"]["date"][:4] in report and "cores" in report
     assert "llama.cpp" in report
+
+
+def test_report_can_be_redrawn_from_the_json(run):
+    out, _ = run
+    before = (out / "report.md").read_text()
+    rerender(out)
+    assert (out / "report.md").read_text() == before
 
 
 def test_json_and_csv_agree(run):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -72,8 +72,13 @@ def run_engine_bench(
     decode_tokens: int = 48,
     context_tokens: int = 1500,
     progress: Callable[[str], None] | None = None,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8),
+    decode_repeats: int | None = None,
 ) -> dict[str, Any]:
-    """Measure the engine against itself with caching off and against transformers' generate."""
+    """Measure the engine against itself with caching off and against transformers' generate.
+
+    ``progress`` is called once per stage: warm-up, each TTFT round, decode, batched decode.
+    """
     say = progress or (lambda _msg: None)
     loaded = load_model(model, dtype=dtype)
     tok = loaded.tokenizer
@@ -117,9 +122,10 @@ def run_engine_bench(
             "phases_warm_median_s": {k: _median([ph.get(k, 0.0) for ph in phases]) for k in phases[0]},
         }
         say("decode")
-        out["decode"] = _decode_bench(cached, loaded.model, tok, prompts[0], decode_tokens, repeats)
+        runs = decode_repeats if decode_repeats is not None else max(2, repeats // 2)
+        out["decode"] = _decode_bench(cached, loaded.model, tok, prompts[0], decode_tokens, runs)
         say("batched decode")
-        out["batched_decode"] = _batched_decode(cached, prompts, decode_tokens)
+        out["batched_decode"] = _batched_decode(cached, prompts, decode_tokens, batch_sizes)
         stats = cached.cache.stats()
         out["cache"] = {
             "bytes_per_token": stats.used_bytes / max(stats.cached_tokens, 1),
@@ -135,16 +141,16 @@ def run_engine_bench(
 def _decode_bench(
     engine: Engine, model: Any, tok: Any, prompt: Any, n: int, repeats: int
 ) -> dict[str, float]:
-    """ms per output token at the prompt's context length: ours vs transformers' generate."""
+    """ms per output token at the prompt's context length: ours vs transformers' generate (``repeats`` runs each)."""
     ours = []
     params = SamplingParams(max_tokens=n, ignore_eos=True)
-    for i in range(max(2, repeats // 2)):
+    for i in range(repeats):
         r = engine.generate(prompt, params, namespace=f"decode-{i}")
         ours.append(r.tpot_s)
     ids = torch.tensor([engine.encode(prompt)])
     hf = []
     with torch.inference_mode():
-        for _ in range(max(2, repeats // 2)):
+        for _ in range(repeats):
             t0 = time.perf_counter()
             model.generate(ids, max_new_tokens=1, do_sample=False)
             t1 = time.perf_counter()
@@ -158,13 +164,13 @@ def _decode_bench(
     }
 
 
-def _batched_decode(engine: Engine, prompts: list[Any], n: int) -> dict[str, Any]:
+def _batched_decode(engine: Engine, prompts: list[Any], n: int, batch_sizes: Sequence[int]) -> dict[str, Any]:
     """Aggregate decode throughput with B concurrent requests (the fused runner batches them)."""
     import threading
 
     rows = {}
     params = SamplingParams(max_tokens=n, ignore_eos=True)
-    for batch in (1, 2, 4, 8):
+    for batch in batch_sizes:
         for p in prompts[:batch]:
             engine.generate(p, SamplingParams(max_tokens=1), namespace="batch")  # prefill out of the way
         results: list[Any] = []

@@ -200,6 +200,49 @@ def bench_router(
 
 
 @app.command()
+def bench(
+    quick: bool = typer.Option(False, "--quick", help="under 3 minutes: fewer requests and measured configs"),
+    out: Path = typer.Option(
+        Path("bench-results"), "--out", help="directory for report.md, plots, json, csv"
+    ),
+    requests: int = typer.Option(
+        None, "--requests", min=2, help="requests in the stream (default 96; quick 16)"
+    ),
+    skew: float = typer.Option(None, "--skew", min=0.0, help="Zipf skew of topic popularity (default 1.0)"),
+    skews: str = typer.Option(
+        None, "--skews", help="comma-separated skews to simulate (default 0.6,1.0,1.4)"
+    ),
+    seed: int = typer.Option(None, "--seed", help="workload seed (default 0)"),
+    tenants: int = typer.Option(None, "--tenants", min=1, help="tenants (cache namespaces; default 1)"),
+    turns: int = typer.Option(None, "--turns", min=1, help="turns per conversation (default 1)"),
+    samples: int = typer.Option(None, "--samples", min=2, help="caching-off requests measured (default 12)"),
+    engine_section: bool = typer.Option(True, "--engine-section/--no-engine-section", help="issue 4 figures"),
+    radix_section: bool = typer.Option(True, "--radix-section/--no-radix-section", help="issue 3 figures"),
+    report_only: bool = typer.Option(
+        False, "--report-only", help="redraw plots and report.md from OUT/results.json; measure nothing"
+    ),
+) -> None:
+    """Benchmark prefix-cache hit rate vs TTFT on a RAG workload, against caching off and transformers."""
+    from rag.benchmark.cli import bench_command
+
+    bench_command(
+        console,
+        quick=quick,
+        out=out,
+        report_only=report_only,
+        requests=requests,
+        skew=skew,
+        skews=skews,
+        seed=seed,
+        tenants=tenants,
+        turns=turns,
+        samples=samples,
+        engine_section=engine_section,
+        radix_section=radix_section,
+    )
+
+
+@app.command()
 def version() -> None:
     """Print the installed version."""
     from importlib.metadata import version as v

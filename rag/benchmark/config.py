@@ -1,0 +1,119 @@
+"""BenchConfig: what one `prefixrag bench` run sweeps, measures and writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rag.benchmark.sweep import CAPACITIES, EVICTIONS, ORDERS, SweepPoint
+from rag.benchmark.workload import WorkloadSpec
+
+MeasuredSpec = tuple[str, float, str]  # (chunk order, capacity share, eviction)
+
+
+class BenchConfig(BaseModel):
+    """Settings of a benchmark run; ``BenchConfig.quick()`` is the under-3-minutes variant.
+
+    Example:
+        >>> cfg = BenchConfig(requests=40, skew=1.2)
+        >>> cfg.sweep_skews, cfg.measured_points()[0].label
+        ((0.6, 1.0, 1.2, 1.4), 'cache 100% lru s=1.2')
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # workload
+    requests: int = Field(default=96, ge=2, description="requests in the stream")
+    skew: float = Field(default=1.0, ge=0, description="Zipf exponent of topic popularity (measured)")
+    skews: tuple[float, ...] = Field(default=(0.6, 1.0, 1.4), description="skews of the simulated sweep")
+    seed: int = 0
+    tenants: int = Field(default=1, ge=1)
+    turns: int = Field(default=1, ge=1, description="turns per conversation (follow-ups carry history)")
+    top_k: int = Field(default=4, ge=1)
+    topics: int | None = Field(default=None, ge=1, description="use only the first n corpus topics")
+    # sweep (simulated, exact hit rates)
+    capacities: tuple[float, ...] = CAPACITIES
+    orders: tuple[str, ...] = ORDERS
+    evictions: tuple[str, ...] = EVICTIONS
+    # real measurements; the first measured config is the reference the baselines share prompts with
+    measured: tuple[MeasuredSpec, ...] = (
+        ("cache", 1.0, "lru"),
+        ("cache", 0.25, "lru"),
+        ("relevance", 1.0, "lru"),
+    )
+    baseline_samples: int = Field(default=12, ge=2, description="caching-off requests (spread evenly)")
+    transformers_samples: int = Field(default=6, ge=1, description="transformers generate requests")
+    tpot_prompts: int = Field(
+        default=2, ge=0, description="0: take TPOT from the engine section's decode figures instead"
+    )
+    tpot_tokens: int = Field(default=32, ge=2)
+    answer_tokens: int = Field(default=64, ge=1, description="answer length assumed for throughput")
+    # sections of the report
+    engine_section: bool = True
+    engine_repeats: int = Field(default=3, ge=1)
+    engine_decode_tokens: int = Field(default=48, ge=2)
+    engine_context_tokens: int = Field(default=1500, ge=64)
+    engine_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    engine_decode_repeats: int | None = Field(default=None, ge=1, description="default: max(2, repeats // 2)")
+    radix_section: bool = True
+    radix_requests: int = Field(default=2000, ge=10)
+    radix_levels: tuple[int, ...] = (10_000, 100_000)
+    quick: bool = False
+
+    @model_validator(mode="after")
+    def _valid(self) -> BenchConfig:
+        for order, share, eviction in self.measured:
+            if order not in ORDERS or eviction not in EVICTIONS or not 0 < share <= 1:
+                raise ValueError(
+                    f"measured config {(order, share, eviction)} needs an order in {ORDERS}, "
+                    f"a capacity share in (0, 1] and an eviction in {EVICTIONS}"
+                )
+        if not self.measured:
+            raise ValueError("measured is empty: at least one engine configuration must run for real")
+        bad = [c for c in self.capacities if not 0 <= c <= 1]
+        if bad:
+            raise ValueError(f"capacities are shares of the working set in [0, 1], got {bad}")
+        for name, allowed in (("orders", ORDERS), ("evictions", EVICTIONS)):
+            unknown = set(getattr(self, name)) - set(allowed)
+            if unknown:
+                raise ValueError(f"{name}: unknown {sorted(unknown)}; allowed {allowed}")
+        return self
+
+    @classmethod
+    def quick_run(cls, **overrides: Any) -> BenchConfig:
+        """Fewer requests, one engine configuration measured for real, small engine/radix sections."""
+        settings: dict[str, Any] = {
+            "requests": 16,
+            "measured": (("cache", 1.0, "lru"),),
+            "baseline_samples": 3,
+            "transformers_samples": 2,
+            "tpot_prompts": 0,
+            "engine_repeats": 2,
+            "engine_decode_tokens": 16,
+            "engine_batch_sizes": (1, 4),
+            "engine_decode_repeats": 1,
+            "radix_requests": 300,
+            "quick": True,
+        }
+        settings.update(overrides)
+        return cls(**settings)
+
+    @property
+    def sweep_skews(self) -> tuple[float, ...]:
+        """The sweep's skews, the measured skew included, ascending."""
+        return tuple(sorted({*self.skews, self.skew}))
+
+    def workload_spec(self, skew: float | None = None) -> WorkloadSpec:
+        return WorkloadSpec(
+            requests=self.requests,
+            skew=self.skew if skew is None else skew,
+            seed=self.seed,
+            tenants=self.tenants,
+            turns=self.turns,
+            top_k=self.top_k,
+            topics=self.topics,
+        )
+
+    def measured_points(self) -> list[SweepPoint]:
+        return [SweepPoint(order, share, eviction, self.skew) for order, share, eviction in self.measured]

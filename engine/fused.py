@@ -119,7 +119,7 @@ class FusedLlamaRunner:
         >>> rows = runner.decode_batch([t1, t2], [buf1, buf2])
     """
 
-    def __init__(self, model: Any, *, batch_invariant: bool = True) -> None:
+    def __init__(self, model: Any, *, batch_invariant: bool = False) -> None:
         reason = fused_unsupported_reason(model)
         if reason:
             raise ValueError(f"FusedLlamaRunner cannot run this model: {reason}")
@@ -142,9 +142,10 @@ class FusedLlamaRunner:
         self.rotary = inner.rotary_emb
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim**-0.5))
         self.layers = [self._fuse(layer) for layer in inner.layers]
-        # batch_invariant: pad matmul rows so results never depend on what shares the batch (costs
-        # ~20% of fp32 single-stream decode, ~8% in bf16); off: the fastest kernel for each shape
-        self.row_padding = calibrate_row_padding(self.layers[0].wqkv) if batch_invariant else []
+        # prefill rows are always padded, so a cached-prefix suffix prefill equals the full prefill;
+        # decode rows only when batch_invariant (a 1-row GEMV is ~2x faster than the padded GEMM)
+        self.row_padding = calibrate_row_padding(self.layers[0].wqkv)
+        self.decode_padding = self.row_padding if batch_invariant else []
 
     @staticmethod
     def _fuse(layer: Any) -> _Layer:
@@ -214,12 +215,13 @@ class FusedLlamaRunner:
         cos, sin = self.rotary(self.embed[:1], positions.unsqueeze(0))
         return cos[0].unsqueeze(1), sin[0].unsqueeze(1)
 
-    def _rows(self, n: int) -> int:
-        return self.row_padding[n] if n < len(self.row_padding) else n
+    def _rows(self, n: int, table: Sequence[int] | None = None) -> int:
+        table = self.row_padding if table is None else table
+        return table[n] if n < len(table) else n
 
-    def _padded_ids(self, token_ids: Sequence[int]) -> torch.Tensor:
+    def _padded_ids(self, token_ids: Sequence[int], table: Sequence[int] | None = None) -> torch.Tensor:
         ids = list(token_ids)
-        ids += [0] * (self._rows(len(ids)) - len(ids))
+        ids += [0] * (self._rows(len(ids), table) - len(ids))
         return torch.tensor(ids, dtype=torch.long, device=self.device)
 
     @staticmethod
@@ -274,7 +276,7 @@ class FusedLlamaRunner:
             b.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
             b.reserve(p + 1)
         batch = len(token_ids)
-        ids = self._padded_ids(token_ids)  # [B'] >= B rows
+        ids = self._padded_ids(token_ids, self.decode_padding)  # [B'] >= B rows
         x = F.embedding(ids, self.embed)  # [B', hidden]
         positions = torch.tensor(pasts + [0] * (len(ids) - batch), device=self.device)
         cos, sin = self._rotary(positions)

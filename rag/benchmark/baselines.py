@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from engine.bench import generate_tpot
+
 
 class TransformersBaseline:
     """``model.generate`` on token ids, greedy, one request at a time."""
@@ -50,10 +52,8 @@ class TransformersBaseline:
         return self._generate(ids, 1)
 
     def tpot(self, ids: Sequence[int], new_tokens: int) -> float:
-        """Seconds per output token after the first: (t(n) - t(1)) / (n - 1) on the same prompt."""
-        if new_tokens < 2:
-            raise ValueError(f"new_tokens must be >= 2, got {new_tokens}")
-        return (self._generate(ids, new_tokens) - self._generate(ids, 1)) / (new_tokens - 1)
+        """Seconds per output token after the first (timed between tokens by a streamer)."""
+        return generate_tpot(self.model, ids, new_tokens, self.pad_token_id)
 
 
 def llama_cpp_status() -> tuple[bool, str]:

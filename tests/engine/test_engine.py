@@ -134,7 +134,20 @@ def test_error_mid_generation_releases_locks_and_engine_keeps_serving(engine, mo
     assert after.finish_reason in ("stop", "length") and after.cached_tokens > 0
 
 
-def test_concurrent_requests_match_sequential(engine):
+def test_concurrent_requests_match_sequential_when_batch_invariant(loaded_model):
+    engine = Engine(
+        loaded_model.model,
+        loaded_model.tokenizer,
+        model_id=loaded_model.model_id,
+        config=EngineConfig(model=loaded_model.model_id, batch_invariant=True),
+    )
+    try:
+        _check_concurrent_equals_sequential(engine)
+    finally:
+        engine.close()
+
+
+def _check_concurrent_equals_sequential(engine):
     questions = [
         "What is the secret code?",
         "Who leads the team?",

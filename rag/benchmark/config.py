@@ -32,6 +32,12 @@ class BenchConfig(BaseModel):
     turns: int = Field(default=1, ge=1, description="turns per conversation (follow-ups carry history)")
     top_k: int = Field(default=4, ge=1)
     topics: int | None = Field(default=None, ge=1, description="use only the first n corpus topics")
+    steady_factor: int = Field(
+        default=4,
+        ge=0,
+        description="also simulate the stream continued to this many times its length "
+        "(0: skip): the hit rate once the cache is warm",
+    )
     # sweep (simulated, exact hit rates)
     capacities: tuple[float, ...] = CAPACITIES
     orders: tuple[str, ...] = ORDERS
@@ -94,6 +100,7 @@ class BenchConfig(BaseModel):
             "engine_batch_sizes": (1, 4),
             "engine_decode_repeats": 1,
             "radix_requests": 300,
+            "steady_factor": 0,
             "quick": True,
         }
         settings.update(overrides)

@@ -183,6 +183,7 @@ def _headline(res: dict[str, Any]) -> str:
         f"- Requests whose topic was already asked about: mean TTFT {_s(h['repeat_mean'])} vs "
         f"{_s(h['first_mean'])} for the first request of a topic (compulsory misses, "
         f"{100 * h['first_share']:.0f}% of the stream).",
+        *_steady_lines(res.get("steady_state")),
         f"- Fit over {fit['n']} measured engine requests: TTFT = {fit['a'] * 1000:.0f} ms + "
         f"{fit['b'] * 1000:.2f} ms x uncached tokens (R² = {fit['r2']:.3f}); it puts caching off at "
         f"{h['off_modelled_mean']:.2f} s against {off['ttft_s']['mean']:.2f} s measured, the size of error the "
@@ -414,6 +415,19 @@ def _method(res: dict[str, Any]) -> str:
             "implementation: a set of prefix fingerprints), so a configuration can never exceed it.",
         ]
     )
+
+
+def _steady_lines(steady: dict[str, Any] | None) -> list[str]:
+    if not steady:
+        return []
+    cold, warm = steady["cold"], steady["warm"]
+    return [
+        f"- Once the cache is warm (simulated: the same seeded stream continued to {steady['requests']} "
+        f"requests, unbounded cache, `cache` order): the last {steady['window']} requests reach a "
+        f"{100 * warm['token_hit_rate']:.1f}% token hit rate and a modelled {warm['modelled_speedup']:.1f}x "
+        f"mean speedup, against {100 * cold['token_hit_rate']:.1f}% and {cold['modelled_speedup']:.1f}x for "
+        f"the first {steady['window']} (the measured stream, from a cold start)."
+    ]
 
 
 # ---- helpers ------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,14 @@ from rag.benchmark.results import (
     capacity_monotone,
     first_of_topic,
     measured_rows,
+    steady_state,
     sweep_rows,
     targets,
     ttft_fit,
 )
 from rag.benchmark.simulate import kv_bytes_per_token
 from rag.benchmark.stats import summarize
-from rag.benchmark.sweep import Simulator, SweepResult, run_sweep
+from rag.benchmark.sweep import UNBOUNDED, ReplayResult, Simulator, SweepPoint, SweepResult, run_sweep
 from rag.benchmark.texts import SYSTEM_PROMPT, TOOLS
 from rag.benchmark.workload import Workload, build_workload
 from rag.prompt import render_tools
@@ -84,6 +86,9 @@ def run_benchmark(
                 evictions=config.evictions,
                 on_replay=lambda r: step(f"simulated {r.point.label}"),
             )
+            steady = _steady_replay(config, kb, sim)
+            if steady is not None:
+                step("steady-state stream simulated")
         main = workloads[config.skew]
         working = sweep.working_set_bytes[config.skew]
         points = [(p, int(p.capacity * working)) for p in config.measured_points()]
@@ -106,7 +111,9 @@ def run_benchmark(
             tpot = _tpot(config, loaded, reference, engine_section)
             step("time per output token")
         radix_section = _radix_section(config, clock, step, bpt)
-    results = assemble_results(config, workloads, sweep, runs, tpot, kb, sim, bpt, (llama_ok, llama_note))
+    results = assemble_results(
+        config, workloads, sweep, runs, tpot, kb, sim, bpt, (llama_ok, llama_note), steady
+    )
     results["engine_section"] = engine_section
     results["radix_section"] = radix_section
     results["meta"] = _meta(command, time.perf_counter() - started)
@@ -127,9 +134,11 @@ def assemble_results(
     sim: Simulator,
     bytes_per_token: int,
     llama: tuple[bool, str],
+    steady_replay: ReplayResult | None = None,
 ) -> dict[str, Any]:
     """Everything but the sections and the run metadata, as plain JSON-able data."""
     fit = ttft_fit(runs)
+    steady = steady_state(steady_replay, fit, config.requests) if steady_replay else None
     step = {"engine": tpot["engine"]["p50"], "transformers": tpot["transformers"]["p50"]}
     main = workloads[config.skew]
     novelty = first_of_topic(main)
@@ -160,7 +169,8 @@ def assemble_results(
         "measured": measured,
         "ttft_samples": {name: m.ttft_s for name, m in runs.items()},
         "sweep": sweep_rows(sweep, fit, step["engine"], config.answer_tokens),
-        "targets": targets(config.skew, sweep, measured, reference, fit),
+        "steady_state": steady,
+        "targets": targets(config.skew, sweep, measured, reference, fit, steady),
         "checks": {"capacity_monotone_violations": capacity_monotone(sweep)},
         "baselines": {"llama_cpp": {"available": llama[0], "note": llama[1]}},
     }
@@ -252,6 +262,15 @@ def _radix_section(
     return out
 
 
+def _steady_replay(config: BenchConfig, kb: KnowledgeBase, sim: Simulator) -> ReplayResult | None:
+    """The measured stream continued to ``steady_factor`` times its length (the stream is seeded, so
+    its first requests are the measured ones), replayed through an unbounded cache in ``cache`` order."""
+    if config.steady_factor <= 1:
+        return None
+    spec = replace(config.workload_spec(), requests=config.requests * config.steady_factor)
+    return sim.replay(build_workload(spec, kb), SweepPoint("cache", 1.0, "lru", config.skew), UNBOUNDED)
+
+
 def _demo_knowledge_base(console: Console) -> KnowledgeBase:
     """The saved demo index of the bundled Python reference (built once, ~1 minute, then reused)."""
     from rag.config import RAGConfig
@@ -269,7 +288,8 @@ def _max_context(loaded: LoadedModel) -> int:
 def _total_steps(config: BenchConfig) -> int:
     sweep = len(config.sweep_skews) * len(config.orders) * len(config.evictions) * len(config.capacities)
     engine = 3 + config.engine_repeats if config.engine_section else 0
-    return 2 + sweep + config.requests + 1 + engine + int(config.radix_section)
+    steady = int(config.steady_factor > 1)
+    return 2 + sweep + steady + config.requests + 1 + engine + int(config.radix_section)
 
 
 @contextmanager

@@ -37,6 +37,7 @@ TINY = BenchConfig.quick_run(
     engine_batch_sizes=(1, 2),
     radix_requests=40,
     radix_levels=(3000,),
+    steady_factor=3,
 )
 
 
@@ -139,3 +140,18 @@ def test_fit_targets_and_sections(run):
     assert "3000" in results["radix_section"]["results"]["lru"]
     assert results["baselines"]["llama_cpp"]["note"]
     assert set(results["ttft_samples"]) == set(results["measured"])
+
+
+def test_steady_state_continues_the_measured_stream(run):
+    _, results = run
+    steady = results["steady_state"]
+    assert steady["requests"] == 3 * TINY.requests and steady["window"] == TINY.requests
+    for part in ("cold", "warm"):
+        figures = steady[part]
+        assert 0 <= figures["token_hit_rate"] <= figures["oracle_hit_rate"] + 1e-9 <= 1
+        assert math.isfinite(figures["modelled_speedup"])  # from the fit, whose sign a tiny run can't vouch for
+    # the first window is the measured stream itself: same hit rate as the measured reference
+    reference = results["headline"]["reference"]
+    assert steady["cold"]["token_hit_rate"] == pytest.approx(reference["token_hit_rate"])
+    # with an unbounded cache, later requests can only find more of their prompt cached
+    assert steady["warm"]["oracle_hit_rate"] >= steady["cold"]["oracle_hit_rate"]

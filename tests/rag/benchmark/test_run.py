@@ -149,7 +149,9 @@ def test_steady_state_continues_the_measured_stream(run):
     for part in ("cold", "warm"):
         figures = steady[part]
         assert 0 <= figures["token_hit_rate"] <= figures["oracle_hit_rate"] + 1e-9 <= 1
-        assert math.isfinite(figures["modelled_speedup"])  # from the fit, whose sign a tiny run can't vouch for
+        assert math.isfinite(
+            figures["modelled_speedup"]
+        )  # from the fit, whose sign a tiny run can't vouch for
     # the first window is the measured stream itself: same hit rate as the measured reference
     reference = results["headline"]["reference"]
     assert steady["cold"]["token_hit_rate"] == pytest.approx(reference["token_hit_rate"])

@@ -23,6 +23,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
 from engine.fused import FusedLlamaRunner, fused_unsupported_reason
 from engine.kv import KVBuffer
+from engine.memory import trim_heap
 from engine.models import DEFAULT_MODEL, load_model
 from engine.request import EngineError, GenerationResult, QueueFullError, Request, StreamEvent, final_result
 from engine.runner import ModelRunner, prefix_reuse_blocker
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
 _NS_SEP = "\x1f"  # joins model id and tenant namespace
+_TRIM_AFTER_IDLE_S = 0.5  # quiet time after the last request before the heap is trimmed (a few ms)
 
 
 class Engine:
@@ -235,15 +237,29 @@ class Engine:
             self._advance_all()
 
     def _loop(self) -> None:
+        untrimmed = False  # requests served since the heap was last trimmed
         while True:
+            trim = False
             with self._wakeup:
-                while not self._stopping and not self._running and not len(self.scheduler):
+                if untrimmed and not self._stopping and not self._has_work():
+                    self._wakeup.wait(_TRIM_AFTER_IDLE_S)  # a quiet moment: the responses go out too
+                    trim = not self._stopping and not self._has_work()
+            if trim:  # idle after serving: hand what the finished requests freed back to the OS
+                trim_heap()
+                untrimmed = False
+                continue
+            with self._wakeup:
+                while not self._stopping and not self._has_work():
                     self._wakeup.wait()
                 if self._stopping:
                     break
             self.step()
+            untrimmed = True
         for req in list(self._running):
             self._fail(req, EngineError("engine closed"))
+
+    def _has_work(self) -> bool:
+        return bool(self._running) or len(self.scheduler) > 0
 
     def _start(self, req: Request) -> None:
         req.started = clock = time.perf_counter()
@@ -296,16 +312,31 @@ class Engine:
         if not live:
             return
         t0 = time.perf_counter()
-        try:
-            buffers = [r.buffer for r in live if r.buffer is not None]
-            logits = self.runner.decode_batch([r.output_ids[-1] for r in live], buffers)
-        except Exception as exc:  # a batch failure fails its members, not the engine
-            for req in live:
-                self._fail(req, exc)
-            return
+        rows = self._decode(live)
         self._counters["decode_s"] += time.perf_counter() - t0
-        for req, row in zip(live, logits):
+        for req, row in rows:
             self._guarded(req, lambda r, row=row: self._emit(r, self._sample(r, row)))
+
+    def _decode(self, live: list[Request]) -> list[tuple[Request, torch.Tensor]]:
+        """One decode step for every live request, batched. A failing batch is retried one request at
+        a time, so only a request that fails on its own fails (not the engine, not its batch mates)."""
+        try:
+            logits = self.runner.decode_batch([r.output_ids[-1] for r in live], [r.buffer for r in live])
+            return list(zip(live, logits))
+        except Exception as exc:
+            if len(live) == 1:
+                self._fail(live[0], exc)
+                return []
+            log.warning("batched decode of %d requests failed (%s); retrying one by one", len(live), exc)
+        rows = []
+        for req in live:
+            try:
+                assert req.buffer is not None
+                req.buffer.truncate(len(req.all_ids) - 1)  # undo a step the failed batch may have taken
+                rows.append((req, self.runner.decode_batch([req.output_ids[-1]], [req.buffer])[0]))
+            except Exception as exc:
+                self._fail(req, exc)
+        return rows
 
     def _sample(self, req: Request, logits: torch.Tensor) -> int:
         history = (
@@ -458,8 +489,9 @@ class RequestStream(Iterator[StreamEvent]):
         item = self.request.events.get()
         if isinstance(item, BaseException):
             self._finished = True
-            if isinstance(item, (ValueError, QueueFullError, EngineError)):
+            if isinstance(item, (QueueFullError, EngineError)):
                 raise item
+            # the request was validated at submit: anything the worker raised is the server's fault
             raise EngineError(f"generation failed: {type(item).__name__}: {item}") from item
         if item.finish_reason is not None:
             self._finished = True

@@ -320,8 +320,9 @@ class Engine:
     def _decode(self, live: list[Request]) -> list[tuple[Request, torch.Tensor]]:
         """One decode step for every live request, batched. A failing batch is retried one request at
         a time, so only a request that fails on its own fails (not the engine, not its batch mates)."""
+        buffers = [r.buffer for r in live if r.buffer is not None]  # running: all have one
         try:
-            logits = self.runner.decode_batch([r.output_ids[-1] for r in live], [r.buffer for r in live])
+            logits = self.runner.decode_batch([r.output_ids[-1] for r in live], buffers)
             return list(zip(live, logits))
         except Exception as exc:
             if len(live) == 1:

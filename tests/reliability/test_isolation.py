@@ -21,7 +21,7 @@ from tests.api.conftest import make_engine
 from tests.api.helpers import wait_until
 
 KEY_A, KEY_B = "sk-alice-isolation-01", "sk-bob-isolation-0002"
-PROMPT_TOKENS = 320
+PROMPT_TOKENS = 256
 TRIALS = 5
 
 

@@ -28,7 +28,7 @@ from rag.api import Settings
 from tests.reliability.corpus import DOCUMENTS
 
 CHECKS = [not_a_server_error, content_type_conformance, response_schema_conformance]
-EXAMPLES = {GenerationMode.POSITIVE: 10, GenerationMode.NEGATIVE: 6}
+EXAMPLES = {GenerationMode.POSITIVE: 8, GenerationMode.NEGATIVE: 5}
 
 
 @pytest.fixture(scope="module")

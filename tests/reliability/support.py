@@ -237,4 +237,3 @@ class Tally:
             f"{self.requests} requests, {self.errors} errors, statuses {dict(sorted(self.statuses.items()))}, "
             f"latency p50 {p50:.3f} s, p95 {p95:.3f} s, mean {mean:.3f} s"
         )
-

@@ -82,7 +82,9 @@ class Writers:
 @pytest.mark.slow
 def test_sigkill_during_ingestion_keeps_every_acknowledged_document(tmp_path, serve, engine):
     index = tmp_path / "index"
-    server = support.ServerProcess(tmp_path, env={"PREFIXRAG_ENGINE__CACHE_BYTES": str(16 << 20)}, index=index)
+    server = support.ServerProcess(
+        tmp_path, env={"PREFIXRAG_ENGINE__CACHE_BYTES": str(16 << 20)}, index=index
+    )
     with server:
         writers = Writers(server.url)
         writers.start()
@@ -124,7 +126,9 @@ def test_sigkill_during_ingestion_keeps_every_acknowledged_document(tmp_path, se
             assert hits and hits[0].doc_id == doc_id, (doc_id, [h.doc_id for h in hits])
         first = sorted(acked)[0]
         writer, k = first[1:].split("-")
-        reply = http.post("/v1/ask", json={"question": f"What does entry kq{writer}z{k} record?", "max_tokens": 1})
+        reply = http.post(
+            "/v1/ask", json={"question": f"What does entry kq{writer}z{k} record?", "max_tokens": 1}
+        )
         assert reply.status_code == 200 and reply.json()["sources"][0]["doc_id"] == first, reply.text
         # the service writes on: a new version, and the leftovers of the killed save are gone
         assert http.post("/v1/documents", json=[_doc(9, 0)]).status_code == 201
@@ -304,7 +308,9 @@ def test_tiny_cache_long_random_workload_matches_uncached_output(loaded_model):
     kv_per_token = 46_080
     budget = 45 * kv_per_token
     model = (loaded_model.model, loaded_model.tokenizer)
-    tiny = Engine(*model, model_id=loaded_model.model_id, config=EngineConfig(cache_bytes=budget, max_running=4))
+    tiny = Engine(
+        *model, model_id=loaded_model.model_id, config=EngineConfig(cache_bytes=budget, max_running=4)
+    )
     plain = Engine(*model, model_id=loaded_model.model_id, config=EngineConfig(enable_prefix_cache=False))
     rng = random.Random(5)
     prompts = _workload(rng)
@@ -356,4 +362,3 @@ def test_tiny_cache_long_random_workload_matches_uncached_output(loaded_model):
     finally:
         tiny.close()
         plain.close()
-

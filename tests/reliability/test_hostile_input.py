@@ -176,12 +176,14 @@ def test_huge_and_many_part_uploads(http, sandbox):
     assert 400 <= reply.status_code < 500, reply.text
     assert_error(reply, reply.status_code)
     fields = b"".join(
-        b"--" + BOUNDARY + b'\r\nContent-Disposition: form-data; name="f' + str(i).encode() + b'"\r\n\r\nv\r\n'
+        b"--"
+        + BOUNDARY
+        + b'\r\nContent-Disposition: form-data; name="f'
+        + str(i).encode()
+        + b'"\r\n\r\nv\r\n'
         for i in range(3000)
     )
-    reply = http.post(
-        "/v1/documents", content=fields + b"--" + BOUNDARY + b"--\r\n", headers=headers
-    )
+    reply = http.post("/v1/documents", content=fields + b"--" + BOUNDARY + b"--\r\n", headers=headers)
     assert 400 <= reply.status_code < 500, reply.text
     dup, headers = multipart([(b"same.txt", b"one"), (b"dir/same.txt", b"two")])
     assert_error(http.post("/v1/documents", content=dup, headers=headers), 422, code="duplicate_name")
@@ -214,4 +216,6 @@ def test_metadata_nesting_is_bounded(http):
 
     ok = http.post("/v1/documents", json=[{"id": "nest-ok", "text": "n", "metadata": nested(8)}])
     assert ok.status_code == 201, ok.text
-    assert_error(http.post("/v1/documents", json=[{"text": "n", "metadata": nested(40)}]), 422, contains="nested")
+    assert_error(
+        http.post("/v1/documents", json=[{"text": "n", "metadata": nested(40)}]), 422, contains="nested"
+    )

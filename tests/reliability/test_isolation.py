@@ -104,7 +104,10 @@ def test_scheduler_and_prompt_probes_use_the_requests_own_namespace(loaded_model
         bob_alices = eng.submit(prompt, SamplingParams(max_tokens=1), namespace="bob")
         alice = eng.submit(prompt, SamplingParams(max_tokens=1), namespace="alice")
         assert wait_until(lambda: len(eng.scheduler) == 3, timeout=10)
-        probes = {name: eng.scheduler.prefix_probe(r) for name, r in (("bob fresh", bob_fresh), ("bob alice's", bob_alices), ("alice", alice))}
+        probes = {
+            name: eng.scheduler.prefix_probe(r)
+            for name, r in (("bob fresh", bob_fresh), ("bob alice's", bob_alices), ("alice", alice))
+        }
         assert probes == {"bob fresh": 0, "bob alice's": 0, "alice": 199}, probes
         list(blocker)
         for r in (bob_fresh, bob_alices, alice):

@@ -55,7 +55,12 @@ def _round_specs(seed: int = 8) -> list[tuple[str, int]]:
 def _send(http: httpx.Client, kind: str, i: int) -> tuple[int, Any]:
     """One request; returns its status and what it produced (answer text and sources, or ids)."""
     if kind in ("ask", "ask_stream"):
-        body = {"question": QUESTIONS[i], "top_k": 1, "max_tokens": MAX_TOKENS, "stream": kind == "ask_stream"}
+        body = {
+            "question": QUESTIONS[i],
+            "top_k": 1,
+            "max_tokens": MAX_TOKENS,
+            "stream": kind == "ask_stream",
+        }
         reply = http.post("/v1/ask", json=body)
         if reply.status_code != 200:
             return reply.status_code, reply.text
@@ -182,9 +187,10 @@ def test_mixed_load_twice(tmp_path):
         "PREFIXRAG_MAX_TOKENS_LIMIT": "64",
         "PREFIXRAG_DEFAULT_MAX_TOKENS": str(MAX_TOKENS),
     }
-    with support.ServerProcess(tmp_path, env=env) as server, httpx.Client(
-        base_url=server.url, timeout=120
-    ) as http:
+    with (
+        support.ServerProcess(tmp_path, env=env) as server,
+        httpx.Client(base_url=server.url, timeout=120) as http,
+    ):
         reply = http.post("/v1/documents", json=DOCUMENTS)
         assert reply.status_code == 201, reply.text
 

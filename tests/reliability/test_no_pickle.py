@@ -32,7 +32,15 @@ from rag.store import KnowledgeBase
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("rag", "engine", "prefix_cache")
 PICKLING_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "shelve", "marshal"}
-INDEX_FILES = {"manifest.json", "documents.json", "chunks.json", "keys.json", "index.json", "vectors.npy", "hnsw.faiss"}
+INDEX_FILES = {
+    "manifest.json",
+    "documents.json",
+    "chunks.json",
+    "keys.json",
+    "index.json",
+    "vectors.npy",
+    "hnsw.faiss",
+}
 
 
 def _dotted(node: ast.AST) -> str:
@@ -59,7 +67,9 @@ def unpickling_sites(source: str, filename: str) -> list[str]:
     for node in ast.walk(ast.parse(source, filename)):
         where = f"{filename}:{getattr(node, 'lineno', 0)}"
         if isinstance(node, ast.Import):
-            found += [f"{where} import {a.name}" for a in node.names if a.name.split(".")[0] in PICKLING_MODULES]
+            found += [
+                f"{where} import {a.name}" for a in node.names if a.name.split(".")[0] in PICKLING_MODULES
+            ]
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PICKLING_MODULES:
             found.append(f"{where} from {node.module} import ...")
         elif isinstance(node, ast.Call):
@@ -90,7 +100,9 @@ def test_the_scanner_finds_what_it_looks_for():
 def test_no_source_file_can_unpickle():
     files = [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
     assert len(files) > 30, files  # the scan really saw the packages
-    sites = [s for p in files for s in unpickling_sites(p.read_text(encoding="utf-8"), str(p.relative_to(ROOT)))]
+    sites = [
+        s for p in files for s in unpickling_sites(p.read_text(encoding="utf-8"), str(p.relative_to(ROOT)))
+    ]
     print(f"no-pickle scan: {len(files)} files in {', '.join(PACKAGES)}, {len(sites)} unpickling sites")
     assert sites == []
 
@@ -112,7 +124,9 @@ def saved_index(tmp_path_factory, embedder):
 
     root = tmp_path_factory.mktemp("nopickle") / "index"
     kb = KnowledgeBase(embedder=embedder, chunker=Chunker(load_tokenizer()))
-    kb.add_documents([Document(id=f"d{i}", text=f"Harbour note {i}: the ferry left at {7 + i}:40.") for i in range(4)])
+    kb.add_documents(
+        [Document(id=f"d{i}", text=f"Harbour note {i}: the ferry left at {7 + i}:40.") for i in range(4)]
+    )
     kb.save(root)
     return root
 

@@ -11,6 +11,9 @@ each distinct greedy request once sequentially, and checks:
   locked once the server is idle;
 - the server's resident memory after the second identical round close to the first (no leak),
   measured once the server is idle and has handed freed heap back (the engine trims it when idle).
+  Allocator noise between identical rounds measured -77..+85 MiB on a 2-core machine; the bound,
+  128 MiB, is still below what keeping one request in ten alive would cost (a request's KV buffer
+  alone is ~14 MiB for a 300-token RAG prompt), and round 1 grows ~240 MiB over the warm server.
 
 Answers are comparable because the chunks a question retrieves do not change (each question has one
 clearly right document; the notes added meanwhile are unrelated) and the service runs with
@@ -40,6 +43,7 @@ CLIENTS = 16
 MAX_TOKENS = 4
 CACHE_BYTES = 96 << 20
 ROUND_DEADLINE_S = 300.0
+RSS_GROWTH_BOUND = 128 << 20
 MIX = {"ask": 50, "ask_stream": 30, "chat": 35, "chat_stream": 20, "add": 25}  # 160 a round, 320 in all
 
 
@@ -247,7 +251,7 @@ def test_mixed_load_twice(tmp_path):
             f"RSS: warm {rss_warm / 2**20:.0f} MiB, after round 1 {rss[0] / 2**20:.0f} MiB, "
             f"after round 2 {rss[1] / 2**20:.0f} MiB, growth over the identical round {growth / 2**20:+.1f} MiB"
         )
-        assert growth < 64 << 20, f"RSS grew by {growth / 2**20:.1f} MiB over an identical round"
+        assert growth < RSS_GROWTH_BOUND, f"RSS grew by {growth / 2**20:.1f} MiB over an identical round"
 
 
 STORY = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]

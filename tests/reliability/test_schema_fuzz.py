@@ -3,8 +3,8 @@
 A real server (uvicorn on 127.0.0.1, the bundled model, a small saved index) publishes its schema at
 ``/openapi.json``; schemathesis loads it from there and, for every operation in it, generates
 requests that fit the schema (positive) and requests that break it (negative), sends them, and checks
-each response: never a 5xx, the content type the schema documents, the body valid against the
-documented response schema. Examples per operation are few (the budget is about a minute on two
+each response: never a 5xx, a status code the schema documents for that operation, the content
+type it documents, the body valid against the documented response schema. Examples per operation are few (the budget is about a minute on two
 cores); the server's limits are set low (and the schema says so) so that generation stays short.
 """
 
@@ -22,12 +22,16 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from rag.api import Settings
 from tests.reliability.corpus import DOCUMENTS
 
-CHECKS = [not_a_server_error, content_type_conformance, response_schema_conformance]
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 EXAMPLES = {GenerationMode.POSITIVE: 8, GenerationMode.NEGATIVE: 5}
 
 

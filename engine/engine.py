@@ -24,6 +24,7 @@ from engine.detokenizer import Detokenizer
 from engine.encoding import Prompt, encode_prompt
 from engine.fused import FusedLlamaRunner, fused_unsupported_reason
 from engine.kv import KVBuffer
+from engine.memory import trim_heap
 from engine.models import DEFAULT_MODEL, load_model
 from engine.request import (
     EngineError,
@@ -42,6 +43,7 @@ from prefix_cache import RadixCache
 log = logging.getLogger(__name__)
 
 _NS_SEP = "\x1f"  # joins model id and tenant namespace
+_TRIM_AFTER_IDLE_S = 0.5  # quiet time after the last request before the heap is trimmed (a few ms)
 
 
 class Engine:
@@ -229,15 +231,29 @@ class Engine:
             self._advance_all()
 
     def _loop(self) -> None:
+        untrimmed = False  # requests served since the heap was last trimmed
         while True:
+            trim = False
             with self._wakeup:
-                while not self._stopping and not self._running and not len(self.scheduler):
+                if untrimmed and not self._stopping and not self._has_work():
+                    self._wakeup.wait(_TRIM_AFTER_IDLE_S)  # a quiet moment: the responses go out too
+                    trim = not self._stopping and not self._has_work()
+            if trim:  # idle after serving: hand what the finished requests freed back to the OS
+                trim_heap()
+                untrimmed = False
+                continue
+            with self._wakeup:
+                while not self._stopping and not self._has_work():
                     self._wakeup.wait()
                 if self._stopping:
                     break
             self.step()
+            untrimmed = True
         for req in list(self._running):
             self._fail(req, EngineError("engine closed"))
+
+    def _has_work(self) -> bool:
+        return bool(self._running) or len(self.scheduler) > 0
 
     def _start(self, req: Request) -> None:
         req.started = clock = time.perf_counter()
@@ -290,16 +306,32 @@ class Engine:
         if not live:
             return
         t0 = time.perf_counter()
-        try:
-            buffers = [r.buffer for r in live if r.buffer is not None]
-            logits = self.runner.decode_batch([r.output_ids[-1] for r in live], buffers)
-        except Exception as exc:  # a batch failure fails its members, not the engine
-            for req in live:
-                self._fail(req, exc)
-            return
+        rows = self._decode(live)
         self._counters["decode_s"] += time.perf_counter() - t0
-        for req, row in zip(live, logits):
+        for req, row in rows:
             self._guarded(req, lambda r, row=row: self._emit(r, self._sample(r, row)))
+
+    def _decode(self, live: list[Request]) -> list[tuple[Request, torch.Tensor]]:
+        """One decode step for every live request, batched. A failing batch is retried one request at
+        a time, so only a request that fails on its own fails (not the engine, not its batch mates)."""
+        buffers = [r.buffer for r in live if r.buffer is not None]  # running: all have one
+        try:
+            logits = self.runner.decode_batch([r.output_ids[-1] for r in live], buffers)
+            return list(zip(live, logits))
+        except Exception as exc:
+            if len(live) == 1:
+                self._fail(live[0], exc)
+                return []
+            log.warning("batched decode of %d requests failed (%s); retrying one by one", len(live), exc)
+        rows = []
+        for req in live:
+            try:
+                assert req.buffer is not None
+                req.buffer.truncate(len(req.all_ids) - 1)  # undo a step the failed batch may have taken
+                rows.append((req, self.runner.decode_batch([req.output_ids[-1]], [req.buffer])[0]))
+            except Exception as exc:
+                self._fail(req, exc)
+        return rows
 
     def _sample(self, req: Request, logits: torch.Tensor) -> int:
         history = (

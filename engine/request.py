@@ -166,8 +166,9 @@ class RequestStream(Iterator[StreamEvent]):
         item = self.request.events.get()
         if isinstance(item, BaseException):
             self._finished = True
-            if isinstance(item, (ValueError, QueueFullError, EngineError)):
+            if isinstance(item, (QueueFullError, EngineError)):
                 raise item
+            # the request was validated at submit: anything the worker raised is the server's fault
             raise EngineError(f"generation failed: {type(item).__name__}: {item}") from item
         if item.finish_reason is not None:
             self._finished = True

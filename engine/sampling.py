@@ -80,7 +80,9 @@ def sample(
     logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
     if params.greedy:
         return int(torch.argmax(logits))
-    logits = logits / params.temperature
+    # shift so the best logit is 0, and scale in float64: a tiny temperature (1e-300 is valid) then
+    # gives 0 and -inf, never inf - inf or 0 / 0 = nan (softmax itself is shift-invariant)
+    logits = (logits.double() - logits.max().double()) / params.temperature
     if params.top_k > 0 and params.top_k < logits.numel():
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -216,9 +216,15 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     return error_response(503, str(exc), code="not_ready", headers=headers)
 
 
+def generation_failed(exc: BaseException) -> str:
+    """The message for an EngineError (which may already say "generation failed")."""
+    text = str(exc)
+    return text if text.startswith("generation failed") else f"generation failed: {text}"
+
+
 async def _engine_error(request: Request, exc: Exception) -> JSONResponse:
     log.warning("engine error on %s %s: %s", request.method, request.url.path, exc)
-    return error_response(500, f"generation failed: {exc}", type="server_error", code="engine_error")
+    return error_response(500, generation_failed(exc), type="server_error", code="engine_error")
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 
 from engine.request import EngineError, QueueFullError, StreamEvent
-from rag.api.errors import error_body
+from rag.api.errors import error_body, generation_failed
 from rag.api.generation import Generation
 from rag.api.schemas.openai import (
     ChatChunkChoice,
@@ -40,7 +40,7 @@ def stream_error(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, ValueError):
         return error_body(400, str(exc), code="invalid_value")
     if isinstance(exc, EngineError):
-        return error_body(500, f"generation failed: {exc}", type="server_error", code="engine_error")
+        return error_body(500, generation_failed(exc), type="server_error", code="engine_error")
     return error_body(
         500, "internal server error (see the server log)", type="server_error", code="internal_error"
     )

@@ -23,6 +23,15 @@ def test_seed_makes_sampling_reproducible():
     assert len(set(first)) > 1
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-30])
+def test_tiny_temperature_is_near_greedy_not_nan(temperature):
+    """A temperature the API accepts (any float > 0) must not turn the logits into inf - inf = nan."""
+    logits = torch.tensor([0.1, 3.0, 2.9, -1.0, float(torch.finfo(torch.float32).min)])
+    params = SamplingParams(temperature=temperature, top_p=0.9, top_k=4, seed=1)
+    gen = params.make_generator()
+    assert {sample(logits, params, gen) for _ in range(20)} == {1}
+
+
 def test_top_k_restricts_support():
     logits = torch.arange(100, dtype=torch.float32)
     params = SamplingParams(temperature=5.0, top_k=3, seed=0)

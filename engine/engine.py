@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import torch
 
+from engine.buffer_pool import BufferPool
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
 from engine.encoding import Prompt, encode_prompt
@@ -77,6 +78,7 @@ class Engine:
             policy=self.config.eviction,
         )
         self.eos_ids = _eos_ids(model, tokenizer)
+        self.buffers = BufferPool(self.config.buffer_pool_bytes)
         self.scheduler = Scheduler(self._probe, self.config.max_waiting, self.config.aging_rate)
         self._running: list[Request] = []
         self._wakeup = threading.Condition()
@@ -197,6 +199,7 @@ class Engine:
             "waiting": len(self.scheduler),
             "running": len(self._running),
             **self._counters,
+            "buffer_pool_bytes": self.buffers.nbytes,
             "cache": cache.to_dict() if hasattr(cache, "to_dict") else vars(cache),
         }
 
@@ -212,6 +215,7 @@ class Engine:
             self._worker.join(timeout=60)
         for req in self.scheduler.drain():
             self._fail(req, EngineError("engine closed"))
+        self.buffers.clear()
 
     def __enter__(self) -> Engine:
         return self
@@ -264,7 +268,7 @@ class Engine:
         req.max_new_tokens = min(req.params.max_tokens, self.max_context - len(ids))
         match = self._match(req)
         clock = req.phase("match", clock)
-        req.buffer = self.runner.new_buffer(len(ids) + min(req.max_new_tokens, 512))
+        req.buffer = self.buffers.take(self.runner.new_buffer, len(ids) + min(req.max_new_tokens, 512))
         req.cached_tokens = req.buffer.load_prefix(match.values)
         clock = req.phase("load", clock)
         suffix = ids[match.length :]
@@ -405,6 +409,8 @@ class Engine:
         if req.node is not None:
             self.cache.unlock(req.node)
             req.node = None
+        if req.buffer is not None:
+            self.buffers.give(req.buffer)  # the cache copied what it keeps: the storage is free
         req.buffer = None
 
     def _guarded(self, req: Request, fn: Any) -> None:

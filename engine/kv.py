@@ -210,6 +210,17 @@ class KVBuffer(Cache):
         self.k_store = torch.empty(*shape, head_dim, dtype=dtype, device=device)
         self.v_store = torch.empty(*shape, value_dim or head_dim, dtype=dtype, device=device)
 
+    def adopt_storage(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Use existing ``[layers, 1, heads, capacity, dim]`` storage (recycled from a finished request;
+        its contents are ignored) instead of allocating on first use."""
+        if self.k_store is not None or self.length:
+            raise ValueError("adopt_storage needs a buffer without storage")
+        if keys.dim() != 5 or keys.shape[:4] != values.shape[:4] or keys.shape[0] != self.num_layers:
+            raise ValueError(
+                f"storage for {self.num_layers} layers needs matching 5-d tensors, got {keys.shape}"
+            )
+        self.k_store, self.v_store, self.capacity = keys, values, int(keys.shape[3])
+
     def _ensure_storage(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         self.ensure_storage(keys.shape[1], keys.shape[-1], keys.dtype, keys.device, values.shape[-1])
 
@@ -253,6 +264,7 @@ class KVBuffer(Cache):
             n = self.layer_lengths[layer.index]
             layer.keys, layer.values = k[layer.index, :, :, :n], v[layer.index, :, :, :n]
 
+    @torch.inference_mode()  # storage made in a forward (or recycled from one) is an inference tensor
     def load_prefix(self, segments: Sequence[KVSegment]) -> int:
         """Copy cached segments (in order) into an empty buffer; returns the tokens loaded."""
         if self.length:

@@ -249,19 +249,19 @@ def test_cache_order_follows_the_cached_prefix(tokenizer):
     )
     probe = FakeCache([earlier.token_ids])
     asm = PromptAssembler(tokenizer, order="cache", prefix_probe=probe)
-    # ranked differently, plus one chunk never seen: the cached run [c04, c01] comes first, then canonical
+    # ranked differently, plus one chunk never seen: the cached run [c04, c01] comes first, then by rank
     p = asm.assemble(QUESTION, [CHUNKS[1], CHUNKS[3], CHUNKS[4], CHUNKS[0]])
-    assert p.chunk_ids == ["c04", "c01", "c00", "c03"]
+    assert p.chunk_ids == ["c04", "c01", "c03", "c00"]
     assert p.segments[2].end <= lcp(p.token_ids, earlier.token_ids) < p.segments[3].end
     assert probe.calls <= 4 * 5 // 2
     # a per-call probe (e.g. another tenant's namespace, empty) overrides the assembler's
     other = asm.assemble(QUESTION, [CHUNKS[1], CHUNKS[3], CHUNKS[4], CHUNKS[0]], prefix_probe=FakeCache([]))
-    assert other.chunk_ids == ["c00", "c03", "c01", "c04"]
+    assert other.chunk_ids == ["c01", "c03", "c04", "c00"]
 
 
-def test_cache_order_without_hits_is_canonical(tokenizer):
+def test_cache_order_without_hits_is_relevance(tokenizer):
     asm = PromptAssembler(tokenizer, order="cache", prefix_probe=FakeCache([]))
-    assert asm.assemble(QUESTION, RANKED).chunk_ids == ["c00", "c03", "c01", "c04"]
+    assert asm.assemble(QUESTION, RANKED).chunk_ids == ["c03", "c00", "c04", "c01"]
 
 
 @pytest.mark.parametrize("ranked", [[CHUNKS[1], CHUNKS[2]], [CHUNKS[2], CHUNKS[1]]])

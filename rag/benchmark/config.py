@@ -57,7 +57,7 @@ class BenchConfig(BaseModel):
     answer_tokens: int = Field(default=64, ge=1, description="answer length assumed for throughput")
     # sections of the report
     engine_section: bool = True
-    engine_repeats: int = Field(default=3, ge=1)
+    engine_repeats: int = Field(default=5, ge=1)
     engine_decode_tokens: int = Field(default=48, ge=2)
     engine_context_tokens: int = Field(default=1500, ge=64)
     engine_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)

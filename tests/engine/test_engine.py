@@ -142,12 +142,12 @@ def test_concurrent_requests_match_sequential_when_batch_invariant(loaded_model)
         config=EngineConfig(model=loaded_model.model_id, batch_invariant=True),
     )
     try:
-        _check_concurrent_equals_sequential(engine)
+        assert_concurrent_equals_sequential(engine)
     finally:
         engine.close()
 
 
-def _check_concurrent_equals_sequential(engine):
+def assert_concurrent_equals_sequential(engine):
     questions = [
         "What is the secret code?",
         "Who leads the team?",

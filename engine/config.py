@@ -53,6 +53,13 @@ class EngineConfig(BaseModel):
         description="KV storage of finished requests kept for the next ones (a fresh buffer's pages fault "
         "in on first touch: ~3x slower prefix loads); 0 disables",
     )
+    idle_trim_s: float | None = Field(
+        default=5.0,
+        ge=0,
+        description="seconds idle after serving before freed heap goes back to the OS (RSS stays flat "
+        "after load); the next prefill faults that memory in again (~4% of a cold prefill), so not "
+        "between requests that follow each other closely. None: never",
+    )
     aging_rate: float = Field(default=2000.0, ge=0, description="tokens of priority gained per second waited")
     num_threads: int | None = Field(
         default=None, ge=1, description="torch intra-op threads (default: all cores)"

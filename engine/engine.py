@@ -44,7 +44,6 @@ from prefix_cache import RadixCache
 log = logging.getLogger(__name__)
 
 _NS_SEP = "\x1f"  # joins model id and tenant namespace
-_TRIM_AFTER_IDLE_S = 0.5  # quiet time after the last request before the heap is trimmed (a few ms)
 
 
 class Engine:
@@ -239,8 +238,9 @@ class Engine:
         while True:
             trim = False
             with self._wakeup:
-                if untrimmed and not self._stopping and not self._has_work():
-                    self._wakeup.wait(_TRIM_AFTER_IDLE_S)  # a quiet moment: the responses go out too
+                idle_s = self.config.idle_trim_s
+                if untrimmed and idle_s is not None and not self._stopping and not self._has_work():
+                    self._wakeup.wait(idle_s)  # a quiet moment: the responses go out too
                     trim = not self._stopping and not self._has_work()
             if trim:  # idle after serving: hand what the finished requests freed back to the OS
                 trim_heap()

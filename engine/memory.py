@@ -4,7 +4,7 @@ glibc's malloc keeps memory that requests freed (per-request KV buffers, activat
 JSON scratch from many threads) in its arenas rather than returning it, so a server's resident size
 ratchets up under load and stays there, which looks like a leak to anyone watching RSS (and to a
 container's memory limit). ``trim_heap`` asks glibc to return what is free; the engine calls it when
-it goes idle after serving. Elsewhere (musl, macOS) it does nothing.
+it has been idle for `EngineConfig.idle_trim_s` after serving. Elsewhere (musl, macOS) it does nothing.
 
 Example:
     >>> trim_heap() in (True, False)

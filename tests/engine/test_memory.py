@@ -4,7 +4,7 @@ import threading
 import time
 
 import engine.engine as engine_module
-from engine import Engine, SamplingParams
+from engine import Engine, EngineConfig, SamplingParams
 from engine.memory import trim_heap
 
 
@@ -22,7 +22,8 @@ def test_engine_trims_once_after_going_idle_not_while_busy(loaded_model, monkeyp
         return False
 
     monkeypatch.setattr(engine_module, "trim_heap", counting_trim)
-    eng = Engine(loaded_model.model, loaded_model.tokenizer, model_id=loaded_model.model_id)
+    config = EngineConfig(model=loaded_model.model_id, idle_trim_s=0.5)
+    eng = Engine(loaded_model.model, loaded_model.tokenizer, model_id=loaded_model.model_id, config=config)
     try:
         time.sleep(0.8)
         assert calls == []  # nothing served yet: nothing to trim
@@ -35,5 +36,18 @@ def test_engine_trims_once_after_going_idle_not_while_busy(loaded_model, monkeyp
         assert len(calls) == 1
         time.sleep(1.0)
         assert len(calls) == 1  # once per idle period, not a busy loop
+    finally:
+        eng.close()
+
+
+def test_no_trim_when_idle_trim_is_off(loaded_model, monkeypatch):
+    calls: list[int] = []
+    monkeypatch.setattr(engine_module, "trim_heap", lambda: bool(calls.append(1)))
+    config = EngineConfig(model=loaded_model.model_id, idle_trim_s=None)
+    eng = Engine(loaded_model.model, loaded_model.tokenizer, model_id=loaded_model.model_id, config=config)
+    try:
+        eng.generate("Say hi.", SamplingParams(max_tokens=2))
+        time.sleep(0.5)
+        assert calls == []
     finally:
         eng.close()

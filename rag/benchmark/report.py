@@ -417,17 +417,17 @@ def _method(res: dict[str, Any]) -> str:
 
 
 def _overhead_row(t: dict[str, Any]) -> str:
-    """0%-hit overhead: the TTFT ratio, and the cache's own work (what the verdict uses when recorded)."""
-    ratio = f"TTFT {100 * t['zero_hit_overhead']:+.1f}%"
-    if "zero_hit_cache_share" not in t:  # results.json of an older run
-        return f"| overhead at 0% hits vs caching off | {ratio} | <= 3%: {_met(t['zero_hit_overhead'] <= 0.03)} |"
-    share = t["zero_hit_cache_share"]
-    return (
-        f"| overhead at 0% hits vs caching off | {ratio} (cold TTFT itself spread {100 * t['cold_spread']:.0f}% "
-        f"over the rounds); the cache's own work (match + insert) {1000 * t['zero_hit_cache_s']:.1f} ms = "
-        f"{100 * share:.1f}% of cold TTFT | <= 3%: {_met(share <= 0.03)} (the cache's own work; the prefill "
-        "is the same code with caching on or off) |"
-    )
+    """0%-hit overhead, judged on the TTFT ratio; the cache's own timed work shown beside it."""
+    ratio = t["zero_hit_overhead"]
+    row = f"| overhead at 0% hits vs caching off | TTFT {100 * ratio:+.1f}%"
+    if "zero_hit_cache_share" in t:  # absent from results.json of older runs
+        row += (
+            f" (cold TTFT itself spread {100 * t['cold_spread']:.0f}% over the rounds); of it, the cache's "
+            f"own timed work (match + insert) is {1000 * t['zero_hit_cache_s']:.1f} ms = "
+            f"{100 * t['zero_hit_cache_share']:.1f}% of cold TTFT, the rest is noise and, likely, the page faults of "
+            "the memory the cache keeps, paid by the next prefill"
+        )
+    return row + f" | <= 3%: {_met(ratio <= 0.03)} |"
 
 
 def _met(ok: bool) -> str:

@@ -27,7 +27,7 @@ from engine.models import LoadedModel
 from engine.sampling import SamplingParams
 from rag.benchmark.baselines import LlamaCppBaseline, TransformersBaseline, bundled_gguf
 from rag.benchmark.conversation import PromptBuilder
-from rag.benchmark.stats import summarize
+from rag.benchmark.stats import TokenCounts, summarize
 from rag.benchmark.sweep import SweepPoint, bench_rag_config
 from rag.benchmark.workload import Workload
 from rag.pipeline import Pipeline
@@ -41,7 +41,7 @@ TTFT_PARAMS = SamplingParams(max_tokens=1)
 
 
 @dataclass
-class Measurement:
+class Measurement(TokenCounts):
     """Measured requests of one configuration (indices into the workload's stream)."""
 
     name: str
@@ -63,14 +63,6 @@ class Measurement:
         self.prompt_hashes.append(hash(tuple(prompt)))
         self.cached_tokens.append(cached)
         self.phases.append(phases)
-
-    @property
-    def uncached_tokens(self) -> list[int]:
-        return [p - c for p, c in zip(self.prompt_tokens, self.cached_tokens)]
-
-    @property
-    def token_hit_rate(self) -> float:
-        return sum(self.cached_tokens) / max(sum(self.prompt_tokens), 1)
 
     def summary(self) -> dict[str, Any]:
         assembly = [ph.get("match", 0.0) + ph.get("load", 0.0) + ph.get("insert", 0.0) for ph in self.phases]

@@ -74,3 +74,19 @@ def fit_line(x: Sequence[float], y: Sequence[float]) -> LineFit:
     ss_tot = sum((yi - my) ** 2 for yi in y)
     ss_res = sum((yi - a - b * xi) ** 2 for xi, yi in zip(x, y))
     return LineFit(a, b, 1.0 - ss_res / ss_tot if ss_tot else 1.0, n)
+
+
+class TokenCounts:
+    """Per-request ``prompt_tokens`` and ``cached_tokens`` lists (a dataclass supplies them) and the
+    figures derived from them, shared by measured and simulated runs."""
+
+    prompt_tokens: list[int]
+    cached_tokens: list[int]
+
+    @property
+    def uncached_tokens(self) -> list[int]:
+        return [p - c for p, c in zip(self.prompt_tokens, self.cached_tokens)]
+
+    @property
+    def token_hit_rate(self) -> float:
+        return sum(self.cached_tokens) / max(sum(self.prompt_tokens), 1)

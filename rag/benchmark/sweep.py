@@ -22,6 +22,7 @@ from engine.config import EngineConfig
 from rag.benchmark.conversation import PromptBuilder
 from rag.benchmark.oracle import PrefixOracle
 from rag.benchmark.simulate import SimulatedEngine
+from rag.benchmark.stats import TokenCounts
 from rag.benchmark.workload import Workload
 from rag.config import RAGConfig
 from rag.documents import ScoredChunk
@@ -51,7 +52,7 @@ class SweepPoint:
 
 
 @dataclass
-class ReplayResult:
+class ReplayResult(TokenCounts):
     """Per-request outcome of one configuration on one stream (token counts, in stream order)."""
 
     point: SweepPoint
@@ -64,14 +65,6 @@ class ReplayResult:
     footprint_tokens: int = 0
     prompt_hashes: list[int] = field(default_factory=list)  # to compare with the real runs' prompts
     context_boundary: list[int] = field(default_factory=list)  # see PromptBuilder.last_boundary
-
-    @property
-    def uncached_tokens(self) -> list[int]:
-        return [p - c for p, c in zip(self.prompt_tokens, self.cached_tokens)]
-
-    @property
-    def token_hit_rate(self) -> float:
-        return sum(self.cached_tokens) / max(sum(self.prompt_tokens), 1)
 
     @property
     def oracle_hit_rate(self) -> float:

@@ -19,12 +19,13 @@ from typing import Any, Literal
 
 import torch
 
+from engine.block_pool import KVBlockPool
 from engine.buffer_pool import BufferPool
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
 from engine.encoding import Prompt, encode_prompt
 from engine.fused import FusedLlamaRunner, fused_unsupported_reason
-from engine.kv import KVBuffer
+from engine.kv import BLOCK_TOKENS, KVBuffer
 from engine.memory import trim_heap
 from engine.models import DEFAULT_MODEL, load_model
 from engine.request import (
@@ -78,6 +79,8 @@ class Engine:
         )
         self.eos_ids = _eos_ids(model, tokenizer)
         self.buffers = BufferPool(self.config.buffer_pool_bytes)
+        slab = self.config.kv_slab_bytes
+        self.kv_blocks = KVBlockPool(BLOCK_TOKENS, slab) if slab else None
         self.scheduler = Scheduler(self._probe, self.config.max_waiting, self.config.aging_rate)
         self._running: list[Request] = []
         self._wakeup = threading.Condition()
@@ -199,6 +202,7 @@ class Engine:
             "running": len(self._running),
             **self._counters,
             "buffer_pool_bytes": self.buffers.nbytes,
+            "kv_slabs": self.kv_blocks.stats() if self.kv_blocks is not None else None,
             "cache": cache.to_dict() if hasattr(cache, "to_dict") else vars(cache),
         }
 
@@ -278,16 +282,26 @@ class Engine:
                 self._finish(req, "cancelled")
                 return
             logits = self.runner.prefill(suffix[start : start + step], req.buffer)
-        clock = req.phase("prefill", clock)
-        if self.caching:
-            self.cache.insert(ids, req.buffer.segment(0, len(ids)), namespace=req.namespace)
-        req.phase("insert", clock)
+        req.phase("prefill", clock)
         req.prefill_s = time.perf_counter() - req.started
         self._counters["prefill_s"] += req.prefill_s
         req.generator = req.params.make_generator()
+        # the first token goes out before the cache copies the prompt's KV (~20 ms per 1,500 tokens);
+        # the copy still lands before the next request is matched. A request done at once (one token,
+        # EOS) is inserted by _finish.
         self._emit(req, self._sample(req, logits))
         if not req.done.is_set():
+            self._insert(req, len(ids))
             self._running.append(req)
+
+    def _insert(self, req: Request, length: int) -> None:
+        """Cache the KV of the request's first ``length`` tokens (timed as its "insert" phase)."""
+        if not self.caching or req.buffer is None:
+            return
+        clock = time.perf_counter()
+        kv = req.buffer.segment(0, length, self.kv_blocks)
+        self.cache.insert(req.all_ids[:length], kv, namespace=req.namespace)
+        req.phases["insert"] = req.phases.get("insert", 0.0) + time.perf_counter() - clock
 
     def _match(self, req: Request) -> Any:
         """Longest cached prefix, capped so at least one prompt token is computed; locked for the request."""
@@ -379,11 +393,9 @@ class Engine:
             self._running.remove(req)
         buf = req.buffer
         try:
-            if self.caching and buf is not None and buf.length and reason != "error":
+            if buf is not None and buf.length and reason != "error":
                 # the KV of prompt + completion (the last sampled token was never fed) for the next turn
-                self.cache.insert(
-                    req.all_ids[: buf.length], buf.segment(0, buf.length), namespace=req.namespace
-                )
+                self._insert(req, buf.length)
         finally:
             self._release(req)
         tail = req.detok.flush() if reason != "cancelled" else ""

@@ -15,18 +15,25 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from engine.block_pool import KVBlockPool, Slot
+
 BLOCK_TOKENS = 64  # granularity of cache-owned KV: a radix split copies at most one block
 
 
 class _Block:
-    """Keys/values for a run of tokens. ``owned``: an immutable tensor the cache may share on a split."""
+    """Keys/values for a run of tokens. ``owned``: an immutable tensor the cache may share on a split.
+    ``slot``: the pool slot the tensors live in (views of a pooled block hold it too, so the slot is
+    not reused while any of them lives)."""
 
-    __slots__ = ("keys", "owned", "values")
+    __slots__ = ("keys", "owned", "slot", "values")
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, owned: bool) -> None:
+    def __init__(
+        self, keys: torch.Tensor, values: torch.Tensor, owned: bool, slot: Slot | None = None
+    ) -> None:
         self.keys = keys
         self.values = values
         self.owned = owned
+        self.slot = slot
 
     def __len__(self) -> int:
         return int(self.keys.shape[2])
@@ -40,7 +47,8 @@ class KVSegment:
     radix cache calls on everything it keeps) copies view data into compact blocks of up to
     ``BLOCK_TOKENS`` tokens but *shares* blocks that are already cache-owned and whole. So a radix
     split of a 2,000-token node copies at most one 64-token block instead of 92 MB; no byte is ever
-    held by two live nodes, because a split replaces the node it splits.
+    held by two live nodes, because a split replaces the node it splits. With a ``pool`` (the
+    engine's `KVBlockPool`), whole blocks are copied into pooled slots instead of fresh allocations.
 
     Example:
         >>> seg = KVSegment(torch.zeros(30, 3, 10, 64), torch.zeros(30, 3, 10, 64))
@@ -48,19 +56,21 @@ class KVSegment:
         (10, 3, 138240)
     """
 
-    __slots__ = ("blocks",)
+    __slots__ = ("blocks", "pool")
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, pool: KVBlockPool | None = None) -> None:
         if keys.dim() != 4 or values.dim() != 4 or keys.shape[2] != values.shape[2]:
             raise ValueError(
                 f"KVSegment needs [layers, heads, tokens, dim] tensors, got {keys.shape} / {values.shape}"
             )
         self.blocks = [_Block(keys, values, owned=False)]
+        self.pool = pool
 
     @classmethod
-    def _of(cls, blocks: list[_Block]) -> KVSegment:
+    def _of(cls, blocks: list[_Block], pool: KVBlockPool | None) -> KVSegment:
         seg = cls.__new__(cls)
         seg.blocks = blocks
+        seg.pool = pool
         return seg
 
     def __len__(self) -> int:
@@ -79,11 +89,12 @@ class KVSegment:
                 if lo == 0 and hi == n:
                     out.append(block)  # whole block: keeps its ownership
                 else:
-                    out.append(_Block(block.keys[:, :, lo:hi], block.values[:, :, lo:hi], owned=False))
+                    keys, values = block.keys[:, :, lo:hi], block.values[:, :, lo:hi]
+                    out.append(_Block(keys, values, owned=False, slot=block.slot))
             pos += n
             if pos >= stop:
                 break
-        return KVSegment._of(out)
+        return KVSegment._of(out, self.pool)
 
     @property
     def nbytes(self) -> int:
@@ -94,17 +105,22 @@ class KVSegment:
 
     @property
     def keys(self) -> torch.Tensor:
-        """All keys as one tensor (a copy when there are several blocks; for inspection and tests)."""
+        """All keys as one tensor (for inspection and tests; a copy unless the segment is one unpooled
+        block, since a pooled slot is reused once its blocks are gone)."""
+        one = self.blocks[0]
         return (
-            self.blocks[0].keys if len(self.blocks) == 1 else torch.cat([b.keys for b in self.blocks], dim=2)
+            one.keys
+            if len(self.blocks) == 1 and one.slot is None
+            else torch.cat([b.keys for b in self.blocks], 2)
         )
 
     @property
     def values(self) -> torch.Tensor:
+        one = self.blocks[0]
         return (
-            self.blocks[0].values
-            if len(self.blocks) == 1
-            else torch.cat([b.values for b in self.blocks], dim=2)
+            one.values
+            if len(self.blocks) == 1 and one.slot is None
+            else torch.cat([b.values for b in self.blocks], 2)
         )
 
     def copy(self) -> KVSegment:
@@ -116,16 +132,25 @@ class KVSegment:
                 continue
             for a in range(0, len(block), BLOCK_TOKENS):
                 b = min(a + BLOCK_TOKENS, len(block))
-                keys = block.keys[:, :, a:b].clone(memory_format=torch.contiguous_format)
-                values = block.values[:, :, a:b].clone(memory_format=torch.contiguous_format)
-                out.append(_Block(keys, values, owned=True))
-        return KVSegment._of(out)
+                out.append(self._owned_copy(block.keys[:, :, a:b], block.values[:, :, a:b]))
+        return KVSegment._of(out, self.pool)
+
+    def _owned_copy(self, keys: torch.Tensor, values: torch.Tensor) -> _Block:
+        slot = self.pool.take(keys, values) if self.pool is not None else None
+        if slot is None:  # no pool, or a partial block: a compact allocation of its own
+            keys = keys.clone(memory_format=torch.contiguous_format)
+            values = values.clone(memory_format=torch.contiguous_format)
+            return _Block(keys, values, owned=True)
+        slot.keys.copy_(keys)
+        slot.values.copy_(values)
+        return _Block(slot.keys, slot.values, owned=True, slot=slot)
 
     @staticmethod
     def concat(segments: Sequence[KVSegment]) -> KVSegment:
         if not segments:
             raise ValueError("cannot concatenate zero segments")
-        return KVSegment._of([b for s in segments for b in s.blocks])
+        pool = next((s.pool for s in segments if s.pool is not None), None)
+        return KVSegment._of([b for s in segments for b in s.blocks], pool)
 
     def parts(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The (keys, values) tensors of each block, in token order."""
@@ -287,12 +312,13 @@ class KVBuffer(Cache):
         self._rebind(total)
         return total
 
-    def segment(self, start: int, end: int) -> KVSegment:
-        """A view of tokens [start, end) for all layers (the cache copies what it keeps)."""
+    def segment(self, start: int, end: int, pool: KVBlockPool | None = None) -> KVSegment:
+        """A view of tokens [start, end) for all layers (the cache copies what it keeps, into ``pool``'s
+        slots when given)."""
         if not 0 <= start <= end <= self.length:
             raise ValueError(f"segment [{start}, {end}) outside the buffer's {self.length} tokens")
         assert self.k_store is not None and self.v_store is not None
-        return KVSegment(self.k_store[:, 0, :, start:end], self.v_store[:, 0, :, start:end])
+        return KVSegment(self.k_store[:, 0, :, start:end], self.v_store[:, 0, :, start:end], pool)
 
     def truncate(self, length: int) -> None:
         """Forget tokens past ``length`` (e.g. a rejected draft); storage is kept."""

@@ -144,6 +144,12 @@ class EngineCollector:
             "prefixrag_engine_queue_depth", "Requests waiting in the engine queue", stats.get("waiting", 0)
         )
         yield _gauge("prefixrag_engine_running", "Requests the engine is decoding", stats.get("running", 0))
+        slabs = stats.get("kv_slabs") or {}
+        yield _gauge(
+            "prefixrag_kv_slab_bytes",
+            "Memory held for the prefix cache's KV blocks (used and free slots)",
+            slabs.get("slab_bytes", 0),
+        )
         outcomes = CounterMetricFamily(
             "prefixrag_engine_requests", "Engine requests by outcome", labels=["outcome"]
         )

@@ -9,7 +9,13 @@ from rag.api import Settings, create_app
 from tests.api.helpers import metric_value
 
 PROMPT = [
-    {"role": "system", "content": "You are a concise assistant for a bakery in Ghent that opens at seven."},
+    {
+        "role": "system",
+        "content": "You are a concise assistant for a bakery in Ghent that opens at seven. "
+        "It sells sourdough, rye, spelt and seeded loaves, croissants, pain au chocolat, cinnamon rolls, "
+        "fruit tarts and speculoos. It closes at six on weekdays, at two on Saturdays, and all of Sunday. "
+        "Orders for more than ten loaves need a day's notice; payment is by card or cash.",
+    },
     {"role": "user", "content": "When does the bakery open?"},
 ]
 
@@ -50,6 +56,7 @@ def test_counters_move(server):
     assert delta("prefixrag_prefix_cache_hits_total") > 0
     assert delta("prefixrag_engine_requests_total", outcome="finished") == 2
     assert metric_value(after, "prefixrag_prefix_cache_used_bytes") > 0
+    assert metric_value(after, "prefixrag_kv_slab_bytes") > 0  # the prompt's whole 64-token blocks
     assert metric_value(after, "prefixrag_prefix_cache_capacity_bytes") > 0
     assert metric_value(after, "prefixrag_model_ready") == 1
     for name in (

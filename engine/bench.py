@@ -131,6 +131,11 @@ def run_engine_bench(
             # the prefill's run-to-run noise, which is larger than 3% on a shared machine
             "zero_hit_cache_s": _median([_cache_work(ph) for ph in zero_phases]),
             "zero_hit_cache_share": _median([_cache_work(ph) for ph in zero_phases]) / _median(cold),
+            # of it, before the first token (match, load) and after it (the insert of the prompt's KV)
+            "zero_hit_before_token_s": _median(
+                [ph.get("match", 0.0) + ph.get("load", 0.0) for ph in zero_phases]
+            ),
+            "zero_hit_insert_s": _median([ph.get("insert", 0.0) for ph in zero_phases]),
             "cold_spread": (max(cold) - min(cold)) / _median(cold),
             "assembly_s": _median(assembly),
             "assembly_share_of_warm": _median(assembly) / _median(warm),

@@ -403,8 +403,8 @@ def _method(res: dict[str, Any]) -> str:
             "time per output token was measured apart.",
             "- **Simulated exactly**: the hit rates of every sweep configuration. The request stream is replayed "
             "through a real `RadixCache` whose values are fake KV segments of the engine's real bytes per token, "
-            "making the engine's exact cache calls (match capped at len-1 and locked, insert the prompt, insert "
-            "prompt + completion, unlock); the `cache` chunk order probes that simulated cache, as the pipeline "
+            "making the engine's exact cache calls (match capped at len-1 and locked, one insert of the prompt once "
+            "its token is out, unlock); the `cache` chunk order probes that simulated cache, as the pipeline "
             "probes the engine's. Check: on every measured configuration the real engine's prompts and cached "
             "tokens equal the simulation's, request by request, and its bytes per token equal the simulation's.",
             "- **Modelled**: TTFT of the simulated-only configurations, predicted per request as a + b x uncached "

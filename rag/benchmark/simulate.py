@@ -5,7 +5,8 @@ so replaying a request stream through a real ``RadixCache`` whose values are ``F
 engine's real bytes per token gives the engine's per-request ``cached_tokens`` exactly, in
 milliseconds instead of seconds of prefill. ``SimulatedEngine.serve`` mirrors ``Engine`` for a
 request with ``max_tokens=1`` (what the benchmark's TTFT runs use): match capped at len-1 and locked,
-insert the prompt, insert prompt+completion (nothing new with one output token), unlock.
+then, the request being done at its first token, one insert of prompt+completion (the completion's one
+token is never fed, so that is the prompt), unlock.
 
 Example:
     >>> from engine.config import EngineConfig
@@ -102,7 +103,6 @@ class SimulatedEngine:
         self.cache.lock(match.node)
         try:
             kv = FakeKV(len(ids), self.bytes_per_token)
-            self.cache.insert(ids, kv, namespace=ns)  # after prefill
             self.cache.insert(ids, kv, namespace=ns)  # at the end: prompt + (no fed) completion tokens
         finally:
             self.cache.unlock(match.node)

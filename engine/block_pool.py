@@ -4,7 +4,7 @@ The prefix cache keeps what it stores as 64-token blocks (``KVSegment.copy``). A
 with ``clone()`` (1.5 MB each for SmolLM2 in float32, 48 per 1,500-token prompt), they land in the
 worker thread's malloc arena between the prefill's temporaries. The arena fragments, whole heaps get
 unmapped and mapped again, and the *next* prefill pays for it in page faults: with caching on, a
-0%-hit request took 50-140k minor faults against ~0-15k with caching off, and its prefill ran ~3-4%
+0%-hit request took 50-160k minor faults against ~0-20k with caching off, and its prefill ran ~3-4%
 slower in paired runs. Blocks from a few long-lived slabs keep the cache's memory out of the arena:
 the faults drop to the ~17k that first writing 71 MB of new KV costs, and the prefill's own
 allocations find the memory they freed last time.
@@ -83,9 +83,9 @@ class KVBlockPool:
     def take(self, keys: torch.Tensor, values: torch.Tensor) -> Slot | None:
         """An unused slot shaped like ``keys``/``values`` (its contents are stale: copy into it), or
         None if they are not a whole block of this pool's kind."""
-        kind = (tuple(keys.shape), tuple(values.shape), keys.dtype, values.dtype, keys.device)
         if keys.dim() != 4 or keys.shape[2] != self.block_tokens or values.shape[2] != self.block_tokens:
             return None
+        kind = (tuple(keys.shape), tuple(values.shape), keys.dtype, values.dtype, keys.device)
         with self._lock:
             if self._kind is None:
                 self._kind = kind

@@ -105,23 +105,16 @@ class KVSegment:
 
     @property
     def keys(self) -> torch.Tensor:
-        """All keys as one tensor (for inspection and tests; a copy unless the segment is one unpooled
-        block, since a pooled slot is reused once its blocks are gone)."""
-        one = self.blocks[0]
-        return (
-            one.keys
-            if len(self.blocks) == 1 and one.slot is None
-            else torch.cat([b.keys for b in self.blocks], 2)
-        )
+        """All keys as one tensor (for inspection and tests)."""
+        return self._whole([b.keys for b in self.blocks])
 
     @property
     def values(self) -> torch.Tensor:
-        one = self.blocks[0]
-        return (
-            one.values
-            if len(self.blocks) == 1 and one.slot is None
-            else torch.cat([b.values for b in self.blocks], 2)
-        )
+        return self._whole([b.values for b in self.blocks])
+
+    def _whole(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """A copy, unless the segment is one unpooled block (a pooled slot is reused once its blocks go)."""
+        return parts[0] if len(parts) == 1 and self.blocks[0].slot is None else torch.cat(parts, 2)
 
     def copy(self) -> KVSegment:
         """A segment that owns its memory: views are copied into compact blocks, owned blocks shared."""

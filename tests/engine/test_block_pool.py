@@ -10,6 +10,7 @@ from prefix_cache import RadixCache
 
 LAYERS, HEADS, DIM = 2, 1, 4
 BLOCK_BYTES = 2 * LAYERS * HEADS * BLOCK_TOKENS * DIM * 4
+SMOLLM2_BYTES_PER_TOKEN = 46_080  # float32: 30 layers x 2 x 3 kv heads x 64 dims x 4 bytes
 
 
 def _buffer(tokens: int, offset: float = 0.0) -> KVBuffer:
@@ -118,7 +119,7 @@ def test_engine_output_is_unchanged_under_constant_eviction(loaded_model):
         loaded_model.model, loaded_model.tokenizer, **kw, config=EngineConfig(enable_prefix_cache=False)
     )
     tokens = len(off.encode(prompts[0]))
-    budget = (tokens + BLOCK_TOKENS) * 46_080  # SmolLM2 float32: 46,080 bytes per token
+    budget = (tokens + BLOCK_TOKENS) * SMOLLM2_BYTES_PER_TOKEN
     eng = Engine(loaded_model.model, loaded_model.tokenizer, **kw, config=EngineConfig(cache_bytes=budget))
     try:
         params = SamplingParams(max_tokens=6)
@@ -132,7 +133,7 @@ def test_engine_output_is_unchanged_under_constant_eviction(loaded_model):
                     hits += got.cached_tokens > 0
         stats = eng.stats()
         assert hits >= 8 and stats["cache"]["evictions"] >= 3
-        assert stats["kv_slabs"]["used_blocks"] * BLOCK_TOKENS * 46_080 <= budget
+        assert stats["kv_slabs"]["used_blocks"] * BLOCK_TOKENS * SMOLLM2_BYTES_PER_TOKEN <= budget
     finally:
         eng.close()
         off.close()

@@ -3,7 +3,8 @@
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.kv import KVBuffer, KVSegment
-from engine.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer, prefixrag_home
+from engine.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer
+from engine.paths import prefixrag_home
 from engine.remote import RemoteEngine
 from engine.request import EngineError, GenerationResult, QueueFullError, RequestStream, StreamEvent
 from engine.sampling import SamplingParams

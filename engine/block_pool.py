@@ -1,13 +1,9 @@
 """Cache-owned KV blocks carved from large slabs, and recycled when the cache lets them go.
 
-The prefix cache keeps what it stores as 64-token blocks (``KVSegment.copy``). Allocated one by one
-with ``clone()`` (1.5 MB each for SmolLM2 in float32, 48 per 1,500-token prompt), they land in the
-worker thread's malloc arena between the prefill's temporaries. The arena fragments, whole heaps get
-unmapped and mapped again, and the *next* prefill pays for it in page faults: with caching on, a
-0%-hit request took 50-160k minor faults against ~0-20k with caching off, and its prefill ran ~3-4%
-slower in paired runs. Blocks from a few long-lived slabs keep the cache's memory out of the arena:
-the faults drop to the ~17k that first writing 71 MB of new KV costs, and the prefill's own
-allocations find the memory they freed last time.
+The prefix cache keeps what it stores as 64-token blocks (``KVSegment.copy``). Blocks allocated one by
+one would land in the worker thread's malloc arena between the prefill's temporaries; the arena
+fragments and the next prefill pays for it in page faults. Blocks from a few long-lived slabs keep the
+cache's memory out of that arena (docs/benchmarks/report.md has the measured effect).
 
 A slot returns to its slab when the last block or view that uses it is gone (``Slot.__del__``), so a
 match still being loaded, or a split's view, can never see its memory reused. Slabs are made on demand

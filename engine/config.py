@@ -34,8 +34,8 @@ class EngineConfig(BaseModel):
     batch_invariant: bool = Field(
         default=False,
         description="fused runner: a request's decode never depends on what else is batched with it "
-        "(greedy output under load equals sequential output, bit for bit) at ~1.5x the single-stream "
-        "fp32 decode time; off (vLLM's and SGLang's default): batched decode may round differently. "
+        "(greedy output under load equals sequential output, bit for bit) at a slower single-stream "
+        "decode; off (vLLM's and SGLang's default): batched decode may round differently. "
         "Cache reuse is exact either way (prefill rows are always padded)",
     )
     prefill_chunk_tokens: int = Field(
@@ -51,21 +51,21 @@ class EngineConfig(BaseModel):
         default=512 << 20,
         ge=0,
         description="KV storage of finished requests kept for the next ones (a fresh buffer's pages fault "
-        "in on first touch: ~3x slower prefix loads); 0 disables",
+        "in on first touch, which slows prefix loads); 0 disables",
     )
     kv_slab_bytes: int = Field(
         default=64 << 20,
         ge=0,
         description="the prefix cache's KV blocks come from slabs of this size, recycled on eviction "
-        "(blocks allocated one by one fragment the heap and the next prefill page-faults: ~3% of a "
-        "cold prefill); 0: allocate each block on its own",
+        "(blocks allocated one by one fragment the heap and the next prefill page-faults); "
+        "0: allocate each block on its own",
     )
     idle_trim_s: float | None = Field(
         default=5.0,
         ge=0,
         description="seconds idle after serving before freed heap goes back to the OS (RSS stays flat "
-        "after load); the next prefill faults that memory in again (~4% of a cold prefill), so not "
-        "between requests that follow each other closely. None: never",
+        "after load); the next prefill faults that memory in again, so not between requests that "
+        "follow each other closely. None: never",
     )
     aging_rate: float = Field(default=2000.0, ge=0, description="tokens of priority gained per second waited")
     num_threads: int | None = Field(

@@ -286,7 +286,7 @@ class Engine:
         req.prefill_s = time.perf_counter() - req.started
         self._counters["prefill_s"] += req.prefill_s
         req.generator = req.params.make_generator()
-        # the first token goes out before the cache copies the prompt's KV (~20 ms per 1,500 tokens);
+        # the first token goes out before the cache copies the prompt's KV;
         # the copy still lands before the next request is matched. A request done at once (one token,
         # EOS) is inserted by _finish.
         self._emit(req, self._sample(req, logits))

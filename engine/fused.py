@@ -143,7 +143,7 @@ class FusedLlamaRunner:
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim**-0.5))
         self.layers = [self._fuse(layer) for layer in inner.layers]
         # prefill rows are always padded, so a cached-prefix suffix prefill equals the full prefill;
-        # decode rows only when batch_invariant (a 1-row GEMV is ~2x faster than the padded GEMM)
+        # decode rows only when batch_invariant (a 1-row GEMV is much faster than the padded GEMM)
         self.row_padding = calibrate_row_padding(self.layers[0].wqkv)
         self.decode_padding = self.row_padding if batch_invariant else []
 

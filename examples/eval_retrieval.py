@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rag.config import RAGConfig
-from rag.evaluate import EvalRow, EvalSetting, build_reference_kb, evaluate, load_eval_questions
+from rag.retrieval.evaluate import EvalRow, EvalSetting, build_reference_kb, evaluate, load_eval_questions
 
 
 def _table(rows: list[EvalRow], title: str) -> Table:

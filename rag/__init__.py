@@ -1,16 +1,16 @@
 """rag: ingestion, retrieval, reranking, prompt assembly and the Pipeline API."""
 
-from rag.chunking import Chunker
 from rag.config import RAGConfig
-from rag.documents import Chunk, Document, ScoredChunk
-from rag.embedder import DEFAULT_EMBEDDER, Embedder
-from rag.index import VectorIndex
-from rag.loaders import LoadResult, SkippedFile, load_paths, load_python_reference
+from rag.ingestion.chunking import Chunker
+from rag.ingestion.documents import Chunk, Document, ScoredChunk
+from rag.ingestion.loaders import LoadResult, SkippedFile, load_paths, load_python_reference
+from rag.ingestion.store import DocumentInfo, IngestStats, KnowledgeBase, SearchResult
 from rag.pipeline import Answer, Pipeline, PipelineEvent, Source, Timings, Usage
-from rag.prompt import Prompt, PromptAssembler, Segment
-from rag.rerank import CrossEncoderReranker, EmbeddingReranker, NoReranker, Reranker
-from rag.retriever import BM25Retriever, DenseRetriever, HybridRetriever, Retriever
-from rag.store import DocumentInfo, IngestStats, KnowledgeBase, SearchResult
+from rag.prompt.assembler import Prompt, PromptAssembler, Segment
+from rag.retrieval.embedder import DEFAULT_EMBEDDER, Embedder
+from rag.retrieval.index import VectorIndex
+from rag.retrieval.rerank import CrossEncoderReranker, EmbeddingReranker, NoReranker, Reranker
+from rag.retrieval.retriever import BM25Retriever, DenseRetriever, HybridRetriever, Retriever
 
 __all__ = [
     "DEFAULT_EMBEDDER",

@@ -33,7 +33,7 @@ def _quiet_libraries() -> None:
 
 
 def _index_dir(index: Path | None) -> Path:
-    from engine.models import prefixrag_home
+    from engine.paths import prefixrag_home
 
     return (index or prefixrag_home() / "indexes" / "default").expanduser()
 

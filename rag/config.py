@@ -1,6 +1,6 @@
 """RAGConfig: the knobs of the rag layer (retrieval part; prompt and engine fields come later).
 
-Defaults are the measured ones (see ``rag.evaluate`` and ``examples/eval_retrieval.py``).
+Defaults are the measured ones (see ``rag.retrieval.evaluate`` and ``examples/eval_retrieval.py``).
 
 Example:
     >>> cfg = RAGConfig(chunk_size=128, retrieval_mode="dense")
@@ -16,8 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.config import EngineConfig
-from rag.embedder import DEFAULT_EMBEDDER
-from rag.prompt import DEFAULT_SYSTEM_PROMPT
+from rag.prompt.assembler import DEFAULT_SYSTEM_PROMPT
+from rag.retrieval.embedder import DEFAULT_EMBEDDER
 
 RetrievalMode = Literal["dense", "bm25", "hybrid"]
 Fusion = Literal["weighted", "rrf"]

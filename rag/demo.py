@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from engine.models import prefixrag_home
+from engine.paths import prefixrag_home
 from rag.config import RAGConfig
-from rag.loaders import load_python_reference
+from rag.ingestion.loaders import load_python_reference
 from rag.pipeline import Answer, Pipeline
 
 DEMO_QUESTIONS = [

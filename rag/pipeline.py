@@ -18,10 +18,10 @@ from typing import Any, Literal, Protocol
 from engine.request import GenerationResult, StreamEvent
 from engine.sampling import SamplingParams
 from rag.config import RAGConfig
-from rag.documents import Document, ScoredChunk
-from rag.loaders import LoadResult
-from rag.prompt import Prompt, PromptAssembler
-from rag.store import DocumentInfo, KnowledgeBase
+from rag.ingestion.documents import Document, ScoredChunk
+from rag.ingestion.loaders import LoadResult
+from rag.ingestion.store import DocumentInfo, KnowledgeBase
+from rag.prompt.assembler import Prompt, PromptAssembler
 
 
 class GenerationBackend(Protocol):
@@ -313,7 +313,7 @@ def _check_top_k(top_k: int | None) -> None:
 
 
 def _has_index(directory: str | os.PathLike[str]) -> bool:
-    from rag.persist import current_version
+    from rag.ingestion.persist import current_version
 
     try:
         current_version(Path(directory).expanduser())

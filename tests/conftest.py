@@ -14,7 +14,7 @@ def loaded_model():
 
 @pytest.fixture(scope="session")
 def embedder():
-    from rag.embedder import Embedder
+    from rag.retrieval.embedder import Embedder
 
     emb = Embedder()
     emb.warm_up()

@@ -51,7 +51,7 @@ def derived_id(text: str) -> str:
 
 
 def documents_from_json(items: list[DocumentIn]) -> list[Any]:
-    from rag.documents import Document
+    from rag.ingestion.documents import Document
 
     docs = []
     for i, item in enumerate(items):
@@ -68,7 +68,7 @@ def documents_from_json(items: list[DocumentIn]) -> list[Any]:
 
 def documents_from_upload(files: list[Any]) -> list[Any]:
     """Documents from Starlette ``UploadFile``s (read synchronously: call from a worker thread)."""
-    from rag.documents import Document
+    from rag.ingestion.documents import Document
 
     docs = []
     seen: set[str] = set()
@@ -89,8 +89,8 @@ def documents_from_upload(files: list[Any]) -> list[Any]:
 
 
 def _read(path: Path, name: str) -> tuple[str, dict[str, Any]]:
-    """The text of a file by its extension (``rag.loaders.read_file``: text, Markdown, HTML, PDF)."""
-    from rag.loaders import read_file
+    """The text of a file by its extension (``rag.ingestion.loaders.read_file``: text, Markdown, HTML, PDF)."""
+    from rag.ingestion.loaders import read_file
 
     try:
         text, extra = read_file(path)

@@ -164,7 +164,7 @@ def _engine_assembler(engine: Any) -> Any:
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None
     try:
-        from rag.prompt import PromptAssembler
+        from rag.prompt.assembler import PromptAssembler
 
         assembler = PromptAssembler(tokenizer, max_context_tokens=int(engine.max_context), max_tokens=1)
     except (ImportError, ValueError) as exc:

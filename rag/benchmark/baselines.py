@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from engine.bench import generate_tpot
+from rag.benchmark.engine_bench import generate_tpot
 
 
 class TransformersBaseline:

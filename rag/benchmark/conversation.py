@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from rag.benchmark.workload import BenchRequest
-from rag.documents import ScoredChunk
-from rag.prompt import Prompt
-from rag.prompt_template import ChatLayout
+from rag.ingestion.documents import ScoredChunk
+from rag.prompt.assembler import Prompt
+from rag.prompt.template import ChatLayout
 
 Assemble = Callable[[str, Sequence[ScoredChunk], str], Prompt]
 """(question, hits, namespace) -> Prompt: ``Pipeline.assemble`` or an equivalent."""

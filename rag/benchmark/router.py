@@ -151,9 +151,9 @@ def topic_titles() -> dict[str, str]:
 
 def build_prompts(config: RouterBenchConfig, plan: Sequence[PlannedRequest]) -> list[list[int]]:
     """Retrieve and assemble every request once, locally (the same token ids for every config)."""
-    from engine.models import prefixrag_home
+    from engine.paths import prefixrag_home
     from rag.config import RAGConfig
-    from rag.loaders import load_python_reference
+    from rag.ingestion.loaders import load_python_reference
     from rag.pipeline import Pipeline
 
     index_dir = config.index_dir or prefixrag_home() / "indexes" / "python-reference"
@@ -314,7 +314,7 @@ def configurations(
 
 @contextmanager
 def _single(config: RouterBenchConfig, threads: int, log_dir: Path) -> Iterator[Target]:
-    from rag.cluster import Replica
+    from rag.deploy.cluster import Replica
 
     env = _replica_env(config)
     with Replica(
@@ -325,7 +325,7 @@ def _single(config: RouterBenchConfig, threads: int, log_dir: Path) -> Iterator[
 
 @contextmanager
 def _cluster(config: RouterBenchConfig, n: int, policy: str, log_dir: Path) -> Iterator[Target]:
-    from rag.cluster import Cluster, Policy
+    from rag.deploy.cluster import Cluster, Policy
 
     with Cluster(
         n,

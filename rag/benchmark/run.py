@@ -42,8 +42,8 @@ from rag.benchmark.stats import summarize
 from rag.benchmark.sweep import UNBOUNDED, ReplayResult, Simulator, SweepPoint, SweepResult, run_sweep
 from rag.benchmark.texts import SYSTEM_PROMPT, TOOLS
 from rag.benchmark.workload import Workload, build_workload
-from rag.prompt import render_tools
-from rag.store import KnowledgeBase
+from rag.ingestion.store import KnowledgeBase
+from rag.prompt.assembler import render_tools
 
 Step = Callable[[str], None]
 
@@ -234,7 +234,7 @@ def _tpot(
 def _engine_section(config: BenchConfig, clock: _Clock, step: Step) -> dict[str, Any] | None:
     if not config.engine_section:
         return None
-    from engine.bench import run_engine_bench
+    from rag.benchmark.engine_bench import run_engine_bench
 
     with clock("engine section"):
         out = run_engine_bench(
@@ -254,7 +254,7 @@ def _radix_section(
 ) -> dict[str, Any] | None:
     if not config.radix_section:
         return None
-    from prefix_cache.bench import run_radix_bench
+    from rag.benchmark.radix_bench import run_radix_bench
 
     with clock("radix section"):
         out = run_radix_bench(levels=config.radix_levels, requests=config.radix_requests)

@@ -17,11 +17,11 @@ import pytest
 from engine import Engine, EngineConfig, EngineError, QueueFullError, RemoteEngine, SamplingParams
 from rag.api import Settings, create_app
 from rag.api.server import BackgroundServer
-from rag.chunking import Chunker
-from rag.cluster import free_port
 from rag.config import RAGConfig
+from rag.deploy.cluster import free_port
+from rag.ingestion.chunking import Chunker
+from rag.ingestion.store import KnowledgeBase
 from rag.pipeline import Pipeline
-from rag.store import KnowledgeBase
 from tests.rag.corpus import SMALL_CORPUS
 from tests.rag.test_pipeline import FACT
 

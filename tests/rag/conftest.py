@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
-from rag.chunking import Chunker
 from rag.config import RAGConfig
-from rag.store import KnowledgeBase
+from rag.ingestion.chunking import Chunker
+from rag.ingestion.store import KnowledgeBase
 from tests.rag.corpus import SMALL_CORPUS
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from rag.chunking import Chunker
 from rag.config import RAGConfig
-from rag.documents import Document
+from rag.ingestion.chunking import Chunker
+from rag.ingestion.documents import Document
+from rag.ingestion.store import KnowledgeBase
 from rag.pipeline import Pipeline
-from rag.store import KnowledgeBase
 from tests.rag.corpus import SMALL_CORPUS
 
 FACT = Document(id="zorblax.md", text="The Zorblax project is led by Ada Brennan. Its secret code is 4417.")

@@ -15,7 +15,7 @@ import pytest
 from engine import Engine, EngineConfig, SamplingParams
 from engine.request import EngineError
 from rag.api import Settings
-from rag.persist import POINTER, current_version
+from rag.ingestion.persist import POINTER, current_version
 from tests.api.helpers import assert_error, wait_until
 from tests.reliability import support
 

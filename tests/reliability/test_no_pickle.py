@@ -1,6 +1,6 @@
 """Nothing user-supplied is ever unpickled.
 
-How the index files are read (``KnowledgeBase.load`` -> ``rag.store`` / ``rag.index``), per saved
+How the index files are read (``KnowledgeBase.load`` -> ``rag.ingestion.store`` / ``rag.retrieval.index``), per saved
 version directory ``<index_dir>/vNNNNNN/`` named by the plain-text pointer file ``CURRENT``:
 
 - ``manifest.json``, ``documents.json``, ``chunks.json``, ``keys.json``, ``index.json``: ``json.loads``
@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.documents import Document
-from rag.persist import POINTER, current_version
-from rag.store import KnowledgeBase
+from rag.ingestion.documents import Document
+from rag.ingestion.persist import POINTER, current_version
+from rag.ingestion.store import KnowledgeBase
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("rag", "engine", "prefix_cache")
@@ -120,7 +120,7 @@ class _Bomb:
 @pytest.fixture(scope="module")
 def saved_index(tmp_path_factory, embedder):
     from engine.models import load_tokenizer
-    from rag.chunking import Chunker
+    from rag.ingestion.chunking import Chunker
 
     root = tmp_path_factory.mktemp("nopickle") / "index"
     kb = KnowledgeBase(embedder=embedder, chunker=Chunker(load_tokenizer()))

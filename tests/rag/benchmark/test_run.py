@@ -14,9 +14,9 @@ import pytest
 from rag.benchmark import BenchConfig, run_benchmark
 from rag.benchmark.plots import PLOTS
 from rag.benchmark.report import rerender
-from rag.chunking import Chunker
-from rag.loaders import load_python_reference
-from rag.store import KnowledgeBase
+from rag.ingestion.chunking import Chunker
+from rag.ingestion.loaders import load_python_reference
+from rag.ingestion.store import KnowledgeBase
 
 TOPICS = 5
 

@@ -21,10 +21,10 @@ from importlib import resources
 from pathlib import Path
 
 from rag.config import Fusion, RAGConfig, RetrievalMode
-from rag.documents import ScoredChunk
-from rag.loaders import load_python_reference
-from rag.rerank import Reranker
-from rag.store import KnowledgeBase
+from rag.ingestion.documents import ScoredChunk
+from rag.ingestion.loaders import load_python_reference
+from rag.ingestion.store import KnowledgeBase
+from rag.retrieval.rerank import Reranker
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def recall_at(results: Sequence[Sequence[ScoredChunk]], questions: Sequence[Eval
 
 def default_settings(kb: KnowledgeBase) -> list[EvalSetting]:
     """dense, BM25, hybrid (RRF), hybrid (weighted), hybrid + embedding rerank, and the kb's default."""
-    from rag.rerank import EmbeddingReranker
+    from rag.retrieval.rerank import EmbeddingReranker
 
     reranker = EmbeddingReranker(kb.embedder, kb.chunker, weight=kb.config.rerank_weight)
     return [

@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 
 from rag.config import RAGConfig
-from rag.documents import Document
-from rag.index import VectorIndex
-from rag.persist import current_version
-from rag.store import KnowledgeBase, document_title
+from rag.ingestion.documents import Document
+from rag.ingestion.persist import current_version
+from rag.ingestion.store import KnowledgeBase, document_title
+from rag.retrieval.index import VectorIndex
 from tests.rag.corpus import SMALL_CORPUS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def ids(hits):
@@ -134,8 +134,8 @@ def test_process_killed_mid_save_leaves_previous_index_loadable(make_kb, embedde
     script = textwrap.dedent(
         f"""
         import os, signal
-        from rag.index import VectorIndex
-        from rag.store import KnowledgeBase
+        from rag.retrieval.index import VectorIndex
+        from rag.ingestion.store import KnowledgeBase
 
         kb = KnowledgeBase.load({str(tmp_path)!r})
         kb.delete_document("cats.md")
@@ -160,7 +160,7 @@ def test_process_killed_mid_save_leaves_previous_index_loadable(make_kb, embedde
 
 
 def test_config_records_the_components_given(embedder, llm_tokenizer):
-    from rag.chunking import Chunker
+    from rag.ingestion.chunking import Chunker
 
     kb = KnowledgeBase(RAGConfig(chunk_size=64), embedder=embedder, chunker=Chunker(llm_tokenizer, 100, 10))
     assert (kb.config.embedder, kb.config.chunk_size, kb.config.chunk_overlap) == (

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.loaders import html_to_text, load_paths, load_python_reference
+from rag.ingestion.loaders import html_to_text, load_paths, load_python_reference
 
 
 def minimal_pdf(pages: list[str]) -> bytes:

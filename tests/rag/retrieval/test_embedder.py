@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from rag.embedder import Embedder
+from rag.retrieval.embedder import Embedder
 
 
 def test_vectors_are_normalised_384d(embedder):

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from rag.documents import Chunk, Document
+from rag.ingestion.documents import Chunk, Document
 
 Span = tuple[int, int]
 

@@ -1,4 +1,4 @@
-"""Chunk-order policies and the context budget for `rag.prompt.PromptAssembler`.
+"""Chunk-order policies and the context budget for `rag.prompt.assembler.PromptAssembler`.
 
 Chunks arrive ranked by relevance (index 0 is best). A policy returns a permutation of those indices:
 

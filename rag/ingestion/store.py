@@ -4,7 +4,7 @@ It owns the chunker, the embedder, the FAISS ``VectorIndex``, the ``BM25Index``,
 and a reranker, and keeps them in step: adding a document chunks it, embeds only chunks it has not
 seen (ids are content addresses), and indexes them in FAISS and BM25; re-adding an unchanged
 document does nothing; a changed one replaces its chunks; deleting removes them from every index.
-``save`` writes one crash-safe version directory (``rag.persist``), no pickle anywhere.
+``save`` writes one crash-safe version directory (``rag.ingestion.persist``), no pickle anywhere.
 
 Example:
     >>> from rag import Document, KnowledgeBase, RAGConfig
@@ -31,20 +31,26 @@ from typing import Any
 
 import numpy as np
 
-from rag.bm25 import BM25Index
-from rag.chunking import Chunker
 from rag.config import Fusion, RAGConfig, RetrievalMode
-from rag.documents import Chunk, Document, ScoredChunk
-from rag.embedder import Embedder
-from rag.index import VectorIndex
-from rag.loaders import LoadResult, load_paths
-from rag.persist import current_version, save_version
-from rag.rerank import CrossEncoderReranker, EmbeddingReranker, NoReranker, Reranker
-from rag.retriever import BM25Retriever, DenseRetriever, HybridRetriever, Retriever, check_query
+from rag.ingestion.chunking import Chunker
+from rag.ingestion.documents import Chunk, Document, ScoredChunk
+from rag.ingestion.index_format import (
+    DocumentRecord,
+    SavedIndex,
+    check_compatible,
+    read_config,
+    read_index,
+    write_index,
+)
+from rag.ingestion.loaders import LoadResult, load_paths
+from rag.ingestion.persist import current_version, save_version
+from rag.retrieval.bm25 import BM25Index
+from rag.retrieval.embedder import Embedder
+from rag.retrieval.factory import make_reranker, make_retriever
+from rag.retrieval.index import VectorIndex
+from rag.retrieval.rerank import Reranker
+from rag.retrieval.retriever import Retriever, check_query
 
-FORMAT_VERSION = 1
-# Fields fixed at ingest time: a saved index is only valid with the same values.
-_INGEST_FIELDS = ("embedder", "tokenizer_model", "chunk_size", "chunk_overlap", "title_in_embedding")
 _EMBED_CALL = 256  # texts per embed() call (progress granularity; the model batches inside)
 
 
@@ -77,13 +83,6 @@ class SearchResult:
     hits: list[ScoredChunk]
     retrieve_ms: float
     rerank_ms: float
-
-
-@dataclass
-class _Record:
-    doc: Document
-    digest: str
-    chunk_ids: list[str]
 
 
 def document_title(doc: Document) -> str | None:
@@ -147,7 +146,7 @@ class KnowledgeBase:
         self.embedder = embedder or Embedder(cfg.embedder, batch_size=cfg.embed_batch_size)
         self.chunker = chunker or Chunker(cfg.tokenizer_model, cfg.chunk_size, cfg.chunk_overlap)
         self._reranker = reranker
-        self._docs: dict[str, _Record] = {}
+        self._docs: dict[str, DocumentRecord] = {}
         self._chunks: dict[str, Chunk] = {}
         self._index: VectorIndex | None = None  # created when the embedding dim is known
         self._bm25 = BM25Index()
@@ -199,7 +198,7 @@ class KnowledgeBase:
     def ingest(
         self, paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *, show_progress: bool = False
     ) -> LoadResult:
-        """Load files/folders (``rag.loaders.load_paths``) and add them; the result lists what was skipped."""
+        """Load files/folders (``rag.ingestion.loaders.load_paths``) and add them; the result lists what was skipped."""
         result = load_paths(paths)
         self.add_documents(result.documents, show_progress=show_progress)
         return result
@@ -294,31 +293,21 @@ class KnowledgeBase:
     def retriever(self, mode: RetrievalMode | None = None, fusion: Fusion | None = None) -> Retriever:
         """The first-stage retriever for ``mode`` (default: the config's), over this knowledge base;
         ``fusion`` overrides the config's for hybrid mode."""
-        mode = mode or self.config.retrieval_mode
-        cfg = self.config
-        dense = DenseRetriever(self.embedder, self._vector_index(), self._chunks)
-        lexical = BM25Retriever(self._bm25, self._chunks)
-        if mode == "dense":
-            return dense
-        if mode == "bm25":
-            return lexical
-        if mode == "hybrid":
-            fusion = fusion or cfg.fusion
-            return HybridRetriever(dense, lexical, fusion, cfg.dense_weight, cfg.rrf_k, cfg.fusion_pool)
-        raise ValueError(f"mode must be 'dense', 'bm25' or 'hybrid', got {mode!r}")
+        return make_retriever(
+            self.config,
+            self.embedder,
+            self._vector_index(),
+            self._bm25,
+            self._chunks,
+            mode=mode,
+            fusion=fusion,
+        )
 
     @property
     def reranker(self) -> Reranker:
         """The reranker: the one passed in, else the one the config names."""
         if self._reranker is None:
-            cfg = self.config
-            if cfg.reranker == "embedding":
-                self._reranker = EmbeddingReranker(self.embedder, self.chunker, weight=cfg.rerank_weight)
-            elif cfg.reranker == "cross-encoder":
-                assert cfg.reranker_model is not None  # checked by RAGConfig
-                self._reranker = CrossEncoderReranker(cfg.reranker_model)
-            else:
-                self._reranker = NoReranker()
+            self._reranker = make_reranker(self.config, self.embedder, self.chunker)
         return self._reranker
 
     def search_text(self, chunk: Chunk) -> str:
@@ -356,14 +345,11 @@ class KnowledgeBase:
         saved index, else ValueError.
         """
         version = current_version(Path(directory).expanduser())
-        manifest = json.loads((version / "manifest.json").read_text(encoding="utf-8"))
-        if manifest.get("format") != FORMAT_VERSION:
-            raise ValueError(f"{version}: unsupported index format {manifest.get('format')!r}")
-        saved = RAGConfig.model_validate(manifest["config"])
-        config = _compatible(config, saved, version) if config else saved
+        saved = read_config(version)
+        config = check_compatible(config, saved, version) if config else saved
         config = config.model_copy(update={"index_dir": Path(directory)})
         kb = cls(config, embedder=embedder, chunker=chunker, reranker=reranker)
-        kb._read(version)
+        kb._adopt(read_index(version, config))
         return kb
 
     # -- internals --------------------------------------------------------------------------------
@@ -414,7 +400,7 @@ class KnowledgeBase:
         self._drop_chunks(stale)
         for chunk in chunks:
             self._chunks[chunk.chunk_id] = chunk  # refreshed metadata; vectors kept unless re-embedded
-        self._docs[doc.id] = _Record(doc, digest, new_ids)
+        self._docs[doc.id] = DocumentRecord(doc, digest, new_ids)
         return len(stale)
 
     def _drop_chunks(self, chunk_ids: Sequence[str]) -> None:
@@ -439,50 +425,12 @@ class KnowledgeBase:
         return self._index
 
     def _write(self, directory: Path) -> None:
-        manifest = {
-            "format": FORMAT_VERSION,
-            "config": self.config.model_dump(mode="json", exclude={"index_dir"}),
-            "embedder_dim": self._vector_index().dim,
-            "n_documents": len(self._docs),
-            "n_chunks": len(self._chunks),
-        }
-        docs = [
-            {"doc": r.doc.model_dump(mode="json"), "digest": r.digest, "chunk_ids": r.chunk_ids}
-            for r in self._docs.values()
-        ]
-        chunks = [c.model_dump(mode="json") for c in self._chunks.values()]
-        _write_json(directory / "documents.json", docs)
-        _write_json(directory / "chunks.json", chunks)
-        self._vector_index().write(directory)
-        _write_json(directory / "manifest.json", manifest)  # last: its presence marks a complete write
+        write_index(directory, self.config, list(self._docs.values()), self._chunks, self._vector_index())
 
-    def _read(self, version: Path) -> None:
-        docs = json.loads((version / "documents.json").read_text(encoding="utf-8"))
-        chunks = json.loads((version / "chunks.json").read_text(encoding="utf-8"))
-        self._chunks = {c["chunk_id"]: Chunk.model_validate(c) for c in chunks}
-        self._docs = {
-            d["doc"]["id"]: _Record(Document.model_validate(d["doc"]), d["digest"], d["chunk_ids"])
-            for d in docs
-        }
-        cfg = self.config
-        self._index = VectorIndex.read(version, kind=cfg.index_kind, hnsw_threshold=cfg.hnsw_threshold)
-        missing = set(self._chunks) - set(self._index.keys())
-        if missing:
-            raise ValueError(f"{version}: {len(missing)} chunks have no vector (e.g. {sorted(missing)[0]!r})")
+    def _adopt(self, saved: SavedIndex) -> None:
+        self._chunks = saved.chunks
+        self._docs = {r.doc.id: r for r in saved.records}
+        self._index = saved.index
         self._bm25 = BM25Index()
         ids = list(self._chunks)
         self._bm25.add(ids, [self.search_text(self._chunks[c]) for c in ids])
-
-
-def _compatible(config: RAGConfig, saved: RAGConfig, where: Path) -> RAGConfig:
-    for name in _INGEST_FIELDS:
-        if getattr(config, name) != getattr(saved, name):
-            raise ValueError(
-                f"{where} was built with {name}={getattr(saved, name)!r}, but the config asks for "
-                f"{getattr(config, name)!r}; re-ingest to change it"
-            )
-    return config
-
-
-def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")

@@ -1,6 +1,6 @@
 import pytest
 
-from rag.retriever import (
+from rag.retrieval.retriever import (
     BM25Retriever,
     DenseRetriever,
     HybridRetriever,

@@ -19,10 +19,10 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from rag.bm25 import BM25Index
-from rag.documents import Chunk, ScoredChunk
-from rag.embedder import Embedder
-from rag.index import VectorIndex
+from rag.ingestion.documents import Chunk, ScoredChunk
+from rag.retrieval.bm25 import BM25Index
+from rag.retrieval.embedder import Embedder
+from rag.retrieval.index import VectorIndex
 
 
 @runtime_checkable

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rag.prompt_order import ORDERS, ChunkLike, PrefixProbe, canonical_key, fit_count, order_indices
-from rag.prompt_template import ChatLayout, default_context_length, fold_system, validate_messages
+from rag.prompt.order import ORDERS, ChunkLike, PrefixProbe, canonical_key, fit_count, order_indices
+from rag.prompt.template import ChatLayout, default_context_length, fold_system, validate_messages
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "ORDERS", "ChunkLike", "Prompt", "PromptAssembler", "Segment"]
 

@@ -24,7 +24,7 @@ pytest.importorskip("sglang_router", reason="needs sglang-router (in the dev ext
 openai = pytest.importorskip("openai")
 
 from engine import RemoteEngine, SamplingParams  # noqa: E402
-from rag.cluster import Cluster, ManagedProcess, Replica, Router  # noqa: E402
+from rag.deploy.cluster import Cluster, ManagedProcess, Replica, Router  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 # distinct long system prompts: the shared prefixes the router should keep on one replica each
@@ -233,7 +233,7 @@ def test_cluster_validates_its_arguments(tmp_path: Path) -> None:
 
 def test_the_example_recipe_starts_and_stops_everything(tmp_path: Path) -> None:
     """examples/cluster.py: one replica + router, the URL printed, SIGINT stops all within the grace."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": str(root)}
     argv = [sys.executable, str(root / "examples" / "cluster.py"), "--replicas", "1", "--threads", "1"]
     argv += ["--log-dir", str(tmp_path)]

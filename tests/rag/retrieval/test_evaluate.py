@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from rag.chunking import Chunker
-from rag.documents import ScoredChunk
-from rag.evaluate import EvalQuestion, EvalSetting, evaluate, load_eval_questions, recall_at
-from rag.loaders import load_python_reference
-from rag.store import KnowledgeBase
+from rag.ingestion.chunking import Chunker
+from rag.ingestion.documents import ScoredChunk
+from rag.ingestion.loaders import load_python_reference
+from rag.ingestion.store import KnowledgeBase
+from rag.retrieval.evaluate import EvalQuestion, EvalSetting, evaluate, load_eval_questions, recall_at
 
 MAX_TOPIC_CHARS = 10_000
 

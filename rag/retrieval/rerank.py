@@ -1,7 +1,7 @@
 """Second-stage reranking of first-stage hits.
 
 - ``Reranker``: the role (a ``typing.Protocol``): ``rerank(query, hits, top_k) -> list[ScoredChunk]``.
-- ``NoReranker``: keeps the first-stage order (the measured default; see ``rag.evaluate``).
+- ``NoReranker``: keeps the first-stage order (the measured default; see ``rag.retrieval.evaluate``).
 - ``EmbeddingReranker``: needs no extra model. It re-embeds each candidate as overlapping windows of
   ``window_tokens`` (a 256-token chunk is longer than MiniLM reads, and one sentence can drown in a
   long chunk), takes the best window's cosine, and fuses it with the first-stage score.
@@ -23,9 +23,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from rag.chunking import Chunker
-from rag.documents import ScoredChunk
-from rag.embedder import Embedder, _hub_offline
+from rag.ingestion.chunking import Chunker
+from rag.ingestion.documents import ScoredChunk
+from rag.retrieval.embedder import Embedder, _hub_offline
 
 
 @runtime_checkable

@@ -11,7 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rag.prompt import DEFAULT_SYSTEM_PROMPT, PINNED_HEADER, TOOLS_HEADER, PromptAssembler, chunk_body
+from rag.prompt.assembler import (
+    DEFAULT_SYSTEM_PROMPT,
+    PINNED_HEADER,
+    TOOLS_HEADER,
+    PromptAssembler,
+    chunk_body,
+)
 
 TOOLS = [
     {"name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}},

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from rag.index import VectorIndex
+from rag.retrieval.index import VectorIndex
 
 
 def unit(rng: np.random.Generator, n: int, dim: int = 16) -> np.ndarray:

@@ -1,6 +1,6 @@
 import pytest
 
-from rag.documents import Chunk, Document, ScoredChunk
+from rag.ingestion.documents import Chunk, Document, ScoredChunk
 
 
 def test_document_defaults_and_frozen():

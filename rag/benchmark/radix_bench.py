@@ -6,7 +6,7 @@ locked), insert the whole prompt (only the uncached part is copied), unlock. Val
 of `bytes_per_token` bytes, handed over as views of one big buffer, as the engine does.
 
 Example:
-    >>> from prefix_cache.bench import run_radix_bench
+    >>> from rag.benchmark.radix_bench import run_radix_bench
     >>> out = run_radix_bench(levels=(5_000,), requests=50, policies=("lru",))
     >>> sorted(out["results"]["lru"]["5000"])[:3]
     ['cached_tokens', 'evictions', 'hit_rate']

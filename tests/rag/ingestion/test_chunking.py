@@ -2,9 +2,9 @@ import itertools
 
 import pytest
 
-from rag.chunking import Chunker, chunk_id, token_counter
-from rag.documents import Document
-from rag.loaders import load_python_reference
+from rag.ingestion.chunking import Chunker, chunk_id, token_counter
+from rag.ingestion.documents import Document
+from rag.ingestion.loaders import load_python_reference
 
 
 def _paragraphs(n: int, words: int = 30) -> str:

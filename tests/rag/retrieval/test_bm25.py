@@ -1,6 +1,6 @@
 import pytest
 
-from rag.bm25 import BM25Index, tokenize
+from rag.retrieval.bm25 import BM25Index, tokenize
 
 
 def test_tokenize_splits_identifiers_and_folds_endings():

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from prefix_cache.bench import make_stream, run_radix_bench
+from rag.benchmark.radix_bench import make_stream, run_radix_bench
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_stream_is_seeded_zipf_prefixes_plus_suffixes() -> None:

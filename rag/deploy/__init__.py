@@ -1,0 +1,1 @@
+"""rag.deploy: running several `prefixrag serve` replicas behind a router on one host."""

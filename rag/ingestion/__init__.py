@@ -1,0 +1,1 @@
+"""rag.ingestion: documents, loaders, chunking, the knowledge base and its on-disk format."""

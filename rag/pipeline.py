@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 from engine.request import GenerationResult, StreamEvent
 from engine.sampling import SamplingParams
 from rag.config import RAGConfig
-from rag.ingestion.documents import Document, ScoredChunk
+from rag.ingestion.documents import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
 from rag.ingestion.loaders import LoadResult
 from rag.ingestion.store import DocumentInfo, KnowledgeBase
 from rag.prompt.assembler import Prompt, PromptAssembler
@@ -44,6 +44,7 @@ class Source:
     score: float
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    collection: str = DEFAULT_COLLECTION
 
 
 @dataclass(frozen=True)
@@ -177,36 +178,50 @@ class Pipeline:
         _ = self.assembler
 
     # ---- documents ----------------------------------------------------------------------------
-    def add_documents(self, docs: Iterable[Document], *, show_progress: bool = False) -> list[str]:
-        """Add or update documents (unchanged ones are a no-op); returns their ids."""
-        return self.kb.add_documents(docs, show_progress=show_progress)
+    def add_documents(
+        self, docs: Iterable[Document], *, collection: str = DEFAULT_COLLECTION, show_progress: bool = False
+    ) -> list[str]:
+        """Add or update documents in ``collection`` (unchanged ones are a no-op); returns their ids."""
+        return self.kb.add_documents(docs, collection=collection, show_progress=show_progress)
 
     def ingest(
-        self, paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *, show_progress: bool = False
+        self,
+        paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+        *,
+        collection: str = DEFAULT_COLLECTION,
+        show_progress: bool = False,
     ) -> LoadResult:
-        """Load .txt/.md/.html/.pdf files and folders; ``.skipped`` says what was left out and why."""
-        return self.kb.ingest(paths, show_progress=show_progress)
+        """Load .txt/.md/.html/.pdf files and folders into ``collection``; ``.skipped`` says what was
+        left out and why."""
+        return self.kb.ingest(paths, collection=collection, show_progress=show_progress)
 
-    def delete_document(self, doc_id: str) -> bool:
-        return self.kb.delete_document(doc_id)
+    def delete_document(self, doc_id: str, collection: str = DEFAULT_COLLECTION) -> bool:
+        """Remove a document of ``collection``; False if it holds no such id."""
+        return self.kb.delete_document(doc_id, collection)
 
-    def get_document(self, doc_id: str) -> Document | None:
-        return self.kb.get_document(doc_id)
+    def get_document(self, doc_id: str, collection: str = DEFAULT_COLLECTION) -> Document | None:
+        return self.kb.get_document(doc_id, collection)
 
-    def list_documents(self) -> list[DocumentInfo]:
-        return self.kb.list_documents()
+    def list_documents(self, collections: Iterable[str] | None = None) -> list[DocumentInfo]:
+        """The documents of ``collections`` (default: all)."""
+        return self.kb.list_documents(collections)
+
+    def chunks_of(self, doc_id: str, collection: str = DEFAULT_COLLECTION) -> list[Chunk]:
+        return self.kb.chunks_of(doc_id, collection)
 
     def save(self, directory: str | os.PathLike[str] | None = None) -> Path:
         """Write the index atomically (a crash mid-save leaves the previous one loadable)."""
         return self.kb.save(directory)
 
     # ---- questions ----------------------------------------------------------------------------
-    def retrieve(self, question: str, top_k: int | None = None) -> list[ScoredChunk]:
-        """The chunks an answer would be grounded on, best first."""
-        if len(self.kb) == 0:
+    def retrieve(
+        self, question: str, top_k: int | None = None, *, collections: Iterable[str] | None = None
+    ) -> list[ScoredChunk]:
+        """The chunks of ``collections`` (default: all) an answer would be grounded on, best first."""
+        if self.kb.count(collections) == 0:
             _check_top_k(top_k)
             return []
-        return self.kb.search(question, top_k)
+        return self.kb.search(question, top_k, collections=collections)
 
     def assemble(self, question: str, chunks: Sequence[ScoredChunk], namespace: str = "") -> Prompt:
         """The prompt (token ids + segments) the engine would get for these chunks."""
@@ -223,10 +238,11 @@ class Pipeline:
         namespace: str = "",
         *,
         params: SamplingParams | None = None,
+        collections: Iterable[str] | None = None,
     ) -> Answer:
-        """Answer a question from the indexed documents."""
+        """Answer a question from the documents of ``collections`` (default: all)."""
         answer = None
-        for event in self.stream(question, top_k, namespace, params=params):
+        for event in self.stream(question, top_k, namespace, params=params, collections=collections):
             answer = event.answer or answer
         assert answer is not None
         return answer
@@ -238,19 +254,27 @@ class Pipeline:
         namespace: str = "",
         *,
         params: SamplingParams | None = None,
+        collections: Iterable[str] | None = None,
     ) -> Iterator[PipelineEvent]:
-        """Yield the sources, then text deltas, then the full Answer. Closing early cancels generation."""
+        """Yield the sources, then text deltas, then the full Answer. Closing early cancels generation.
+        Retrieval reads only ``collections`` (default: all)."""
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
         _check_top_k(top_k)
-        return self._stream(question, top_k, namespace, params)
+        selected = None if collections is None else _names(collections)
+        return self._stream(question, top_k, namespace, params, selected)
 
     def _stream(
-        self, question: str, top_k: int | None, namespace: str, params: SamplingParams | None
+        self,
+        question: str,
+        top_k: int | None,
+        namespace: str,
+        params: SamplingParams | None,
+        collections: list[str] | None,
     ) -> Iterator[PipelineEvent]:
         t0 = time.perf_counter()
-        if len(self.kb):
-            found = self.kb.search_timed(question, top_k)
+        if self.kb.count(collections):
+            found = self.kb.search_timed(question, top_k, collections=collections)
             hits, retrieve_ms, rerank_ms = found.hits, found.retrieve_ms, found.rerank_ms
         else:
             hits, retrieve_ms, rerank_ms = [], 0.0, 0.0
@@ -304,7 +328,15 @@ def _source(chunk: Any) -> Source:
         score=float(chunk.score),
         text=str(chunk.text),
         metadata=dict(getattr(chunk, "metadata", {}) or {}),
+        collection=str(getattr(chunk, "collection", DEFAULT_COLLECTION)),
     )
+
+
+def _names(collections: Iterable[str]) -> list[str]:
+    """Validated collection names (a bare string is refused: it would be read letter by letter)."""
+    if isinstance(collections, str):
+        raise ValueError(f"collections must be a list of names, got the string {collections!r}")
+    return [check_collection(name) for name in collections]
 
 
 def _check_top_k(top_k: int | None) -> None:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 import re
 from collections.abc import Callable
 from typing import Any
 
-from rag.ingestion.documents import Chunk, Document
+from rag.ingestion.documents import DEFAULT_COLLECTION, Chunk, Document
 
 Span = tuple[int, int]
 
@@ -52,10 +53,14 @@ def token_counter(tokenizer: Any) -> Callable[[str], int]:
     raise ValueError(f"tokenizer must have an encode method or be callable, got {type(tokenizer).__name__}")
 
 
-def chunk_id(doc_id: str, text: str, occurrence: int = 0) -> str:
-    """Content address of a chunk: sha256 of doc id and text (plus the repeat index of duplicates)."""
-    key = f"{doc_id}\x00{text}" + (f"\x00{occurrence}" if occurrence else "")
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:20]
+def chunk_id(doc_id: str, text: str, occurrence: int = 0, collection: str = DEFAULT_COLLECTION) -> str:
+    """Content address of a chunk: sha256 of doc id and text (plus the repeat index of duplicates),
+    and of the collection unless it is the default one (whose ids predate collections)."""
+    if collection != DEFAULT_COLLECTION:  # JSON never holds a raw NUL, the key below always does
+        key = json.dumps([collection, doc_id, text, occurrence])
+    else:
+        key = f"{doc_id}\x00{text}" + (f"\x00{occurrence}" if occurrence else "")
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
 
 class Chunker:
@@ -108,8 +113,8 @@ class Chunker:
         assert self._count is not None
         return self._count(text)
 
-    def split(self, doc: Document) -> list[Chunk]:
-        """The chunks of ``doc`` in text order; a blank document has none."""
+    def split(self, doc: Document, collection: str = DEFAULT_COLLECTION) -> list[Chunk]:
+        """The chunks of ``doc`` (stored in ``collection``) in text order; a blank document has none."""
         text = doc.text
         spans = self.spans(text)
         seen: dict[str, int] = {}
@@ -121,12 +126,13 @@ class Chunker:
             chunks.append(
                 Chunk(
                     doc_id=doc.id,
-                    chunk_id=chunk_id(doc.id, piece, occurrence),
+                    chunk_id=chunk_id(doc.id, piece, occurrence, collection),
                     text=piece,
                     start=start,
                     end=end,
                     n_tokens=self.count_tokens(piece),
                     metadata=dict(doc.metadata),
+                    collection=collection,
                 )
             )
         return chunks

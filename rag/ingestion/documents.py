@@ -1,10 +1,35 @@
-"""The data that flows through retrieval: Document in, Chunk stored, ScoredChunk out."""
+"""The data that flows through retrieval: Document in, Chunk stored, ScoredChunk out.
+
+Every document lives in one named collection (``DEFAULT_COLLECTION`` unless told otherwise); ids are
+unique within a collection, so two collections may each hold a ``notes.md``.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEFAULT_COLLECTION = "default"
+# Collection names (tenant names too, since a tenant's private collection bears its name).
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$"
+_NAME = re.compile(NAME_PATTERN)
+
+
+def check_collection(name: object) -> str:
+    """``name`` if it is a valid collection name, else ValueError naming it and the rule.
+
+    Example:
+        >>> check_collection("team-a")
+        'team-a'
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"collection {name!r} must be 1-64 characters of letters, digits and ._@:- "
+            "(starting with a letter or digit)"
+        )
+    return name
 
 
 class Document(BaseModel):
@@ -32,8 +57,8 @@ class Document(BaseModel):
 class Chunk(BaseModel):
     """A token-bounded slice ``document.text[start:end]`` of one document.
 
-    ``chunk_id`` is content-addressed (doc id + text), so an unchanged chunk keeps its id across
-    re-ingestion. ``metadata`` carries the document's metadata.
+    ``chunk_id`` is content-addressed (collection, doc id, text), so an unchanged chunk keeps its id
+    across re-ingestion and no two collections share one. ``metadata`` carries the document's metadata.
 
     Example:
         >>> c = Chunk(doc_id="a", chunk_id="3f2a", text="hello", start=0, end=5, n_tokens=1)
@@ -50,6 +75,7 @@ class Chunk(BaseModel):
     end: int = Field(ge=0)
     n_tokens: int = Field(ge=0)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    collection: str = DEFAULT_COLLECTION
 
     @model_validator(mode="after")
     def _end_not_before_start(self) -> Chunk:
@@ -72,6 +98,7 @@ class ScoredChunk(BaseModel):
     score: float
     text: str
     metadata: dict[str, Any] = Field(default_factory=dict)
+    collection: str = DEFAULT_COLLECTION
 
     @classmethod
     def of(cls, chunk: Chunk, score: float) -> ScoredChunk:
@@ -82,4 +109,5 @@ class ScoredChunk(BaseModel):
             score=float(score),
             text=chunk.text,
             metadata=chunk.metadata,
+            collection=chunk.collection,
         )

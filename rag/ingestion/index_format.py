@@ -1,42 +1,50 @@
 """The files of a saved knowledge base: what one version directory (``rag.ingestion.persist``) holds.
 
-    manifest.json    format number, the RAGConfig it was built with, counts (written last: its
-                     presence marks a complete version)
-    documents.json   every document with its digest and chunk ids, in insertion order
-    chunks.json      every chunk
-    <FAISS files>    the vector index (``VectorIndex.write``)
+    manifest.json    format number, the RAGConfig it was built with, the collections (name, folder,
+                     counts); written last: its presence marks a complete version
+    c0000/           one folder per collection (names never become paths):
+      documents.json every document with its digest and chunk ids, in insertion order
+      chunks.json    every chunk
+      <FAISS files>  the vector index (``VectorIndex.write``)
 
+A collection unchanged since the previous version is hard-linked from it rather than rewritten
+(files are never modified in place, so versions can share them). Format 1 (before collections) held
+one collection's files at the top level; it loads as the collection ``"default"``.
 Plain JSON and FAISS's own format; nothing is pickled.
 
 Example:
-    >>> save_version(root, lambda d: write_index(d, config, records, chunks, index))  # doctest: +SKIP
-    >>> saved = read_index(current_version(root))                                     # doctest: +SKIP
+    >>> save_version(root, lambda d: write_index(d, config, collections))  # doctest: +SKIP
+    >>> saved = read_index(current_version(root), config)                  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rag.config import RAGConfig
-from rag.ingestion.documents import Chunk, Document
+from rag.ingestion.collection import Collection, DocumentRecord
+from rag.ingestion.documents import DEFAULT_COLLECTION, Chunk, Document, check_collection
 from rag.retrieval.index import VectorIndex
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_LEGACY_FORMAT = 1  # one collection, its files at the top of the version directory
 # Fields fixed at ingest time: a saved index is only valid with the same values.
 INGEST_FIELDS = ("embedder", "tokenizer_model", "chunk_size", "chunk_overlap", "title_in_embedding")
 
 
 @dataclass
-class DocumentRecord:
-    """A stored document, the digest of its text and metadata, and its chunks' ids in text order."""
+class SavedCollection:
+    """One collection as read from disk."""
 
-    doc: Document
-    digest: str
-    chunk_ids: list[str]
+    name: str
+    records: list[DocumentRecord]
+    chunks: dict[str, Chunk]
+    index: VectorIndex
 
 
 @dataclass
@@ -44,54 +52,75 @@ class SavedIndex:
     """Everything one version directory holds."""
 
     config: RAGConfig
-    records: list[DocumentRecord]
-    chunks: dict[str, Chunk]
-    index: VectorIndex
+    collections: list[SavedCollection]
 
 
 def write_index(
     directory: Path,
     config: RAGConfig,
-    records: Sequence[DocumentRecord],
-    chunks: Mapping[str, Chunk],
-    index: VectorIndex,
-) -> None:
-    """Write one complete version into ``directory`` (the caller makes it durable and publishes it)."""
+    collections: Sequence[Collection],
+    unchanged: Mapping[str, Path] | None = None,
+) -> dict[str, str]:
+    """Write one complete version into ``directory`` (the caller makes it durable and publishes it);
+    return each collection's folder name.
+
+    Empty collections are left out. ``unchanged`` maps a collection name to the folder of a previous
+    version that already holds exactly its files: they are hard-linked instead of written again.
+    """
+    unchanged = unchanged or {}
+    entries = []
+    for collection in (c for c in collections if len(c)):
+        folder = f"c{len(entries):04d}"
+        (directory / folder).mkdir()
+        source = unchanged.get(collection.name)
+        if source is not None:
+            _link_files(source, directory / folder)
+        else:
+            _write_collection(directory / folder, collection)
+        entries.append(
+            {
+                "name": collection.name,
+                "dir": folder,
+                "n_documents": len(collection),
+                "n_chunks": collection.n_chunks,
+                "embedder_dim": collection.index.dim,
+            }
+        )
     manifest = {
         "format": FORMAT_VERSION,
         "config": config.model_dump(mode="json", exclude={"index_dir"}),
-        "embedder_dim": index.dim,
-        "n_documents": len(records),
-        "n_chunks": len(chunks),
+        "collections": entries,
+        "n_documents": sum(e["n_documents"] for e in entries),
+        "n_chunks": sum(e["n_chunks"] for e in entries),
     }
-    docs = [
-        {"doc": r.doc.model_dump(mode="json"), "digest": r.digest, "chunk_ids": r.chunk_ids} for r in records
-    ]
-    _write_json(directory / "documents.json", docs)
-    _write_json(directory / "chunks.json", [c.model_dump(mode="json") for c in chunks.values()])
-    index.write(directory)
     _write_json(directory / "manifest.json", manifest)  # last: its presence marks a complete write
+    return {e["name"]: e["dir"] for e in entries}
+
+
+def collection_folders(version: Path) -> dict[str, Path]:
+    """Collection name -> its folder in a saved version (format 2; empty for older formats)."""
+    manifest = _manifest(version)
+    if manifest.get("format") != FORMAT_VERSION:
+        return {}
+    return {e["name"]: version / e["dir"] for e in manifest["collections"]}
 
 
 def read_config(version: Path) -> RAGConfig:
-    """The config a version was built with; ValueError for another format."""
-    manifest = json.loads((version / "manifest.json").read_text(encoding="utf-8"))
-    if manifest.get("format") != FORMAT_VERSION:
+    """The config a version was built with; ValueError for an unknown format."""
+    manifest = _manifest(version)
+    if manifest.get("format") not in (FORMAT_VERSION, _LEGACY_FORMAT):
         raise ValueError(f"{version}: unsupported index format {manifest.get('format')!r}")
     return RAGConfig.model_validate(manifest["config"])
 
 
 def read_index(version: Path, config: RAGConfig) -> SavedIndex:
     """Read a version; ``config`` chooses the index kind. ValueError if a chunk has no vector."""
-    docs = json.loads((version / "documents.json").read_text(encoding="utf-8"))
-    chunks = json.loads((version / "chunks.json").read_text(encoding="utf-8"))
-    by_id = {c["chunk_id"]: Chunk.model_validate(c) for c in chunks}
-    records = [DocumentRecord(Document.model_validate(d["doc"]), d["digest"], d["chunk_ids"]) for d in docs]
-    index = VectorIndex.read(version, kind=config.index_kind, hnsw_threshold=config.hnsw_threshold)
-    missing = set(by_id) - set(index.keys())
-    if missing:
-        raise ValueError(f"{version}: {len(missing)} chunks have no vector (e.g. {sorted(missing)[0]!r})")
-    return SavedIndex(config, records, by_id, index)
+    manifest = _manifest(version)
+    if manifest.get("format") == _LEGACY_FORMAT:
+        folders = [(DEFAULT_COLLECTION, version)]
+    else:
+        folders = [(check_collection(e["name"]), version / _plain_name(e["dir"])) for e in manifest["collections"]]
+    return SavedIndex(config, [_read_collection(name, folder, config) for name, folder in folders])
 
 
 def check_compatible(config: RAGConfig, saved: RAGConfig, where: Path) -> RAGConfig:
@@ -103,6 +132,47 @@ def check_compatible(config: RAGConfig, saved: RAGConfig, where: Path) -> RAGCon
                 f"{getattr(config, name)!r}; re-ingest to change it"
             )
     return config
+
+
+def _write_collection(folder: Path, collection: Collection) -> None:
+    docs = [
+        {"doc": r.doc.model_dump(mode="json"), "digest": r.digest, "chunk_ids": r.chunk_ids}
+        for r in collection.docs.values()
+    ]
+    _write_json(folder / "documents.json", docs)
+    _write_json(folder / "chunks.json", [c.model_dump(mode="json") for c in collection.chunks.values()])
+    collection.index.write(folder)
+
+
+def _read_collection(name: str, folder: Path, config: RAGConfig) -> SavedCollection:
+    docs = json.loads((folder / "documents.json").read_text(encoding="utf-8"))
+    chunks = json.loads((folder / "chunks.json").read_text(encoding="utf-8"))
+    # format 1 chunks carry no collection: they are the default collection's
+    by_id = {c["chunk_id"]: Chunk.model_validate({**c, "collection": name}) for c in chunks}
+    records = [DocumentRecord(Document.model_validate(d["doc"]), d["digest"], d["chunk_ids"]) for d in docs]
+    index = VectorIndex.read(folder, kind=config.index_kind, hnsw_threshold=config.hnsw_threshold)
+    missing = set(by_id) - set(index.keys())
+    if missing:
+        raise ValueError(f"{folder}: {len(missing)} chunks have no vector (e.g. {sorted(missing)[0]!r})")
+    return SavedCollection(name, records, by_id, index)
+
+
+def _link_files(source: Path, target: Path) -> None:
+    for path in source.iterdir():
+        if path.is_file():
+            os.link(path, target / path.name)
+
+
+def _plain_name(name: str) -> str:
+    """A manifest's folder name, refused unless it is a plain name inside the version."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(f"manifest names the collection folder {name!r}, which is not a plain name")
+    return name
+
+
+def _manifest(version: Path) -> dict[str, Any]:
+    manifest: dict[str, Any] = json.loads((version / "manifest.json").read_text(encoding="utf-8"))
+    return manifest
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -1,17 +1,21 @@
 """KnowledgeBase: documents in, scored chunks out; the component the Pipeline wraps.
 
-It owns the chunker, the embedder, the FAISS ``VectorIndex``, the ``BM25Index``, the chunk store
-and a reranker, and keeps them in step: adding a document chunks it, embeds only chunks it has not
-seen (ids are content addresses), and indexes them in FAISS and BM25; re-adding an unchanged
-document does nothing; a changed one replaces its chunks; deleting removes them from every index.
-``save`` writes one crash-safe version directory (``rag.ingestion.persist``), no pickle anywhere.
+It owns the chunker, the embedder, the reranker and the collections (``rag.ingestion.collection``:
+each with its own chunk store, FAISS ``VectorIndex`` and ``BM25Index``), and keeps them in step:
+adding a document to a collection chunks it, embeds only chunks it has not seen (ids are content
+addresses), and indexes them in that collection's FAISS and BM25; re-adding an unchanged document
+does nothing; a changed one replaces its chunks; deleting removes them from every index. A search
+names the collections it may read (default: all) and touches only their indexes. ``save`` writes
+one crash-safe version directory (``rag.ingestion.persist``), no pickle anywhere.
 
 Example:
     >>> from rag import Document, KnowledgeBase, RAGConfig
     >>> kb = KnowledgeBase()                                   # bundled embedder, in memory
     >>> kb.add_documents([Document(id="a", text="The pass statement does nothing.")])  # doctest: +SKIP
     ['a']
-    >>> [h.doc_id for h in kb.search("which statement does nothing?", top_k=1)]        # doctest: +SKIP
+    >>> kb.add_documents([Document(id="a", text="Bob's notes.")], collection="bob")    # doctest: +SKIP
+    ['a']
+    >>> [h.doc_id for h in kb.search("which statement does nothing?", top_k=1, collections=["default"])]  # doctest: +SKIP
     ['a']
     >>> kb.save("/tmp/kb"); kb2 = KnowledgeBase.load("/tmp/kb")                         # doctest: +SKIP
 """
@@ -24,44 +28,37 @@ import os
 import re
 import threading
 import time
+from collections import ChainMap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from rag.config import Fusion, RAGConfig, RetrievalMode
 from rag.ingestion.chunking import Chunker
-from rag.ingestion.documents import Chunk, Document, ScoredChunk
+from rag.ingestion.collection import Collection, DocumentInfo
+from rag.ingestion.documents import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
 from rag.ingestion.index_format import (
-    DocumentRecord,
     SavedIndex,
     check_compatible,
+    collection_folders,
     read_config,
     read_index,
     write_index,
 )
 from rag.ingestion.loaders import LoadResult, load_paths
 from rag.ingestion.persist import current_version, save_version
-from rag.retrieval.bm25 import BM25Index
 from rag.retrieval.embedder import Embedder
 from rag.retrieval.factory import make_reranker, make_retriever
+from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import Reranker
 from rag.retrieval.retriever import Retriever, check_query
 
+__all__ = ["DocumentInfo", "IngestStats", "KnowledgeBase", "SearchResult", "document_title"]
+
 _EMBED_CALL = 256  # texts per embed() call (progress granularity; the model batches inside)
-
-
-@dataclass(frozen=True)
-class DocumentInfo:
-    """What ``list_documents`` reports about one stored document."""
-
-    id: str
-    metadata: dict[str, Any]
-    n_chunks: int
-    n_chars: int
 
 
 @dataclass(frozen=True)
@@ -108,20 +105,24 @@ def _digest(doc: Document) -> str:
 
 
 class KnowledgeBase:
-    """Chunked, embedded, indexed documents with dense, BM25 and hybrid search and reranking.
+    """Chunked, embedded, indexed documents in named collections, with dense, BM25 and hybrid search
+    and reranking.
 
     Construct with a ``RAGConfig`` (defaults: bundled MiniLM embedder, 256/32-token chunks, hybrid
     weighted fusion); pass ``embedder``/``chunker``/``reranker`` to share or replace components (the
     config then records the embedder name and chunk sizes of the components given).
+    Documents go to ``collection`` (default ``"default"``); ids are unique within a collection.
+    Searches read the ``collections`` named (default: every one), each through its own indexes.
     Models load lazily (or call ``warm_up()``). All public methods are thread-safe.
 
     Example:
         >>> from rag import RAGConfig, load_python_reference
         >>> kb = KnowledgeBase(RAGConfig(retrieval_mode="hybrid", top_k=4))
         >>> ids = kb.add_documents(load_python_reference(), show_progress=True)   # doctest: +SKIP
-        >>> hits = kb.search("how do I catch two exception types?")               # doctest: +SKIP
-        >>> hits[0].doc_id, hits[0].chunk_id, round(hits[0].score, 2), hits[0].text[:40]  # doctest: +SKIP
-        ('try', '4c1d0e...', 0.97, 'The "try" statement ...')
+        >>> kb.add_documents([Document(id="notes", text="...")], collection="alice")  # doctest: +SKIP
+        >>> hits = kb.search("how do I catch two exception types?", collections=["default"])  # doctest: +SKIP
+        >>> hits[0].doc_id, hits[0].collection, round(hits[0].score, 2)          # doctest: +SKIP
+        ('try', 'default', 0.97)
         >>> result = kb.search_timed("what does pass do?")                       # doctest: +SKIP
         >>> result.hits[0].doc_id, result.retrieve_ms, result.rerank_ms            # doctest: +SKIP
         ('pass', 41.2, 0.0)
@@ -146,10 +147,8 @@ class KnowledgeBase:
         self.embedder = embedder or Embedder(cfg.embedder, batch_size=cfg.embed_batch_size)
         self.chunker = chunker or Chunker(cfg.tokenizer_model, cfg.chunk_size, cfg.chunk_overlap)
         self._reranker = reranker
-        self._docs: dict[str, DocumentRecord] = {}
-        self._chunks: dict[str, Chunk] = {}
-        self._index: VectorIndex | None = None  # created when the embedding dim is known
-        self._bm25 = BM25Index()
+        self._collections: dict[str, Collection] = {}
+        self._saved: dict[str, tuple[Path, int]] = {}  # name -> (folder last saved to, changes then)
         self._lock = threading.RLock()
         self.last_ingest = IngestStats()
 
@@ -167,24 +166,30 @@ class KnowledgeBase:
             warm()
 
     # -- documents --------------------------------------------------------------------------------
-    def add_documents(self, docs: Iterable[Document], *, show_progress: bool = False) -> list[str]:
-        """Add or update documents; return their ids in input order.
+    def add_documents(
+        self, docs: Iterable[Document], *, collection: str = DEFAULT_COLLECTION, show_progress: bool = False
+    ) -> list[str]:
+        """Add or update documents in ``collection``; return their ids in input order.
 
         Unchanged documents (same text and metadata) are skipped; a changed document's chunks are
         replaced (chunks whose text is unchanged keep their vectors). ValueError for a non-Document,
-        a document with no text, or an id given twice. ``last_ingest`` tells what happened.
+        a document with no text, an id given twice, or an invalid collection name. ``last_ingest``
+        tells what happened.
         """
         docs = list(docs)
+        name = check_collection(collection)
         self._validate(docs)
         t0 = time.perf_counter()
         with self._lock:
-            changed = [(doc, d) for doc in docs if self._needs_update(doc.id, d := _digest(doc))]
-            updates = sum(doc.id in self._docs for doc, _ in changed)
-            new_chunks = {doc.id: self._chunk(doc) for doc, _ in changed}
-            to_embed = [c for chunks in new_chunks.values() for c in chunks if self._must_embed(c)]
+            coll = self._collections.get(name) or Collection(name, self._new_index)
+            changed = [(doc, d) for doc in docs if coll.needs_update(doc.id, d := _digest(doc))]
+            updates = sum(doc.id in coll.docs for doc, _ in changed)
+            new_chunks = {doc.id: self._chunk(doc, name) for doc, _ in changed}
+            to_embed = [c for chunks in new_chunks.values() for c in chunks if self._must_embed(coll, c)]
             vectors = self._embed([self.search_text(c) for c in to_embed], show_progress)
-            removed = sum(self._replace(doc, digest, new_chunks[doc.id]) for doc, digest in changed)
-            self._index_new(to_embed, vectors)
+            removed = sum(coll.replace(doc, digest, new_chunks[doc.id]) for doc, digest in changed)
+            coll.index_new(to_embed, vectors, [self.search_text(c) for c in to_embed])
+            self._collections.setdefault(name, coll)
             self.last_ingest = IngestStats(
                 added=len(changed) - updates,
                 updated=updates,
@@ -196,49 +201,68 @@ class KnowledgeBase:
         return [doc.id for doc in docs]
 
     def ingest(
-        self, paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *, show_progress: bool = False
+        self,
+        paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+        *,
+        collection: str = DEFAULT_COLLECTION,
+        show_progress: bool = False,
     ) -> LoadResult:
-        """Load files/folders (``rag.ingestion.loaders.load_paths``) and add them; the result lists what was skipped."""
+        """Load files/folders (``rag.ingestion.loaders.load_paths``) into ``collection``; the result
+        lists what was skipped."""
+        check_collection(collection)
         result = load_paths(paths)
-        self.add_documents(result.documents, show_progress=show_progress)
+        self.add_documents(result.documents, collection=collection, show_progress=show_progress)
         return result
 
-    def delete_document(self, doc_id: str) -> bool:
-        """Remove a document and its chunks from every index; False if there was no such document."""
+    def delete_document(self, doc_id: str, collection: str = DEFAULT_COLLECTION) -> bool:
+        """Remove a document of ``collection`` and its chunks from every index; False if there was
+        no such document there."""
         with self._lock:
-            record = self._docs.pop(doc_id, None)
-            if record is None:
-                return False
-            self._drop_chunks(record.chunk_ids)
-            return True
+            coll = self._collections.get(check_collection(collection))
+            return coll is not None and coll.delete(doc_id)
 
-    def get_document(self, doc_id: str) -> Document | None:
-        """The stored document, or None."""
-        record = self._docs.get(doc_id)
-        return record.doc if record else None
-
-    def list_documents(self) -> list[DocumentInfo]:
-        """Id, metadata and size of every stored document, in insertion order."""
+    def get_document(self, doc_id: str, collection: str = DEFAULT_COLLECTION) -> Document | None:
+        """The document stored under ``doc_id`` in ``collection``, or None."""
         with self._lock:
-            return [
-                DocumentInfo(r.doc.id, dict(r.doc.metadata), len(r.chunk_ids), len(r.doc.text))
-                for r in self._docs.values()
-            ]
+            coll = self._collections.get(check_collection(collection))
+            return coll.get(doc_id) if coll is not None else None
 
-    def chunks_of(self, doc_id: str) -> list[Chunk]:
+    def list_documents(self, collections: Iterable[str] | None = None) -> list[DocumentInfo]:
+        """Id, collection, metadata and size of every document in ``collections`` (default: all),
+        collection by collection, each in insertion order."""
+        with self._lock:
+            return [info for coll in self._select(collections) for info in coll.infos()]
+
+    def chunks_of(self, doc_id: str, collection: str = DEFAULT_COLLECTION) -> list[Chunk]:
         """A document's chunks in text order (empty if unknown)."""
-        record = self._docs.get(doc_id)
-        return [self._chunks[c] for c in record.chunk_ids] if record else []
+        with self._lock:
+            coll = self._collections.get(check_collection(collection))
+            return coll.chunks_of(doc_id) if coll is not None else []
+
+    def collections(self) -> list[str]:
+        """Names of the collections holding at least one document, in creation order."""
+        with self._lock:
+            return [name for name, coll in self._collections.items() if len(coll)]
+
+    def collection(self, name: str) -> Collection | None:
+        """The named collection's store and indexes (read them under no other lock than this KB's)."""
+        return self._collections.get(check_collection(name))
+
+    def count(self, collections: Iterable[str] | None = None) -> int:
+        """Documents in ``collections`` (default: all)."""
+        with self._lock:
+            return sum(len(coll) for coll in self._select(collections))
 
     def __len__(self) -> int:
-        return len(self._docs)
+        return self.count()
 
     def __contains__(self, doc_id: object) -> bool:
-        return doc_id in self._docs
+        """Whether any collection holds a document with this id."""
+        return any(doc_id in coll.docs for coll in list(self._collections.values()))
 
     @property
     def n_chunks(self) -> int:
-        return len(self._chunks)
+        return sum(coll.n_chunks for coll in list(self._collections.values()))
 
     # -- search -----------------------------------------------------------------------------------
     def search(
@@ -247,12 +271,15 @@ class KnowledgeBase:
         top_k: int | None = None,
         mode: RetrievalMode | None = None,
         rerank: bool | None = None,
+        *,
+        collections: Iterable[str] | None = None,
     ) -> list[ScoredChunk]:
-        """The ``top_k`` best chunks for ``query``: first-stage ``mode`` then (if enabled) the reranker.
+        """The ``top_k`` best chunks of ``collections`` (default: all) for ``query``: first-stage
+        ``mode`` then (if enabled) the reranker.
 
         Defaults come from the config (``top_k``, ``retrieval_mode``, ``reranker``).
         """
-        return self.search_timed(query, top_k, mode, rerank).hits
+        return self.search_timed(query, top_k, mode, rerank, collections=collections).hits
 
     def search_timed(
         self,
@@ -260,6 +287,8 @@ class KnowledgeBase:
         top_k: int | None = None,
         mode: RetrievalMode | None = None,
         rerank: bool | None = None,
+        *,
+        collections: Iterable[str] | None = None,
     ) -> SearchResult:
         """``search`` that also reports how long the first stage and the reranker took."""
         top_k = self.config.top_k if top_k is None else top_k
@@ -267,7 +296,7 @@ class KnowledgeBase:
         use_reranker = self.config.reranker != "none" if rerank is None else rerank
         t0 = time.perf_counter()
         depth = max(top_k, self.config.rerank_candidates) if use_reranker else top_k
-        hits = self.retrieve(query, depth, mode)
+        hits = self.retrieve(query, depth, mode, collections=collections)
         t1 = time.perf_counter()
         if use_reranker:
             hits = self.rerank(query, hits, top_k)
@@ -275,13 +304,18 @@ class KnowledgeBase:
         return SearchResult(hits, retrieve_ms=1000 * (t1 - t0), rerank_ms=1000 * (t2 - t1))
 
     def retrieve(
-        self, query: str, top_k: int | None = None, mode: RetrievalMode | None = None
+        self,
+        query: str,
+        top_k: int | None = None,
+        mode: RetrievalMode | None = None,
+        *,
+        collections: Iterable[str] | None = None,
     ) -> list[ScoredChunk]:
-        """First-stage retrieval only (no reranking), best first."""
+        """First-stage retrieval only (no reranking) over ``collections`` (default: all), best first."""
         top_k = self.config.top_k if top_k is None else top_k
         check_query(query, top_k)
         with self._lock:
-            return self.retriever(mode).retrieve(query, top_k)
+            return self.retriever(mode, collections=collections).retrieve(query, top_k)
 
     def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int | None = None) -> list[ScoredChunk]:
         """Apply the configured reranker to first-stage hits."""
@@ -290,18 +324,26 @@ class KnowledgeBase:
         with self._lock:
             return self.reranker.rerank(query, hits, top_k)
 
-    def retriever(self, mode: RetrievalMode | None = None, fusion: Fusion | None = None) -> Retriever:
-        """The first-stage retriever for ``mode`` (default: the config's), over this knowledge base;
-        ``fusion`` overrides the config's for hybrid mode."""
-        return make_retriever(
-            self.config,
-            self.embedder,
-            self._vector_index(),
-            self._bm25,
-            self._chunks,
-            mode=mode,
-            fusion=fusion,
-        )
+    def retriever(
+        self,
+        mode: RetrievalMode | None = None,
+        fusion: Fusion | None = None,
+        *,
+        collections: Iterable[str] | None = None,
+    ) -> Retriever:
+        """The first-stage retriever for ``mode`` (default: the config's) over ``collections``
+        (default: all); ``fusion`` overrides the config's for hybrid mode. One collection is searched
+        through its own indexes, several through federated views of theirs."""
+        with self._lock:
+            selected = self._select(collections)
+        cfg, embedder = self.config, self.embedder
+        if len(selected) == 1:
+            one = selected[0]
+            return make_retriever(cfg, embedder, one.index, one.bm25, one.chunks, mode=mode, fusion=fusion)
+        index = FederatedIndex([c.index for c in selected])
+        bm25 = FederatedBM25([c.bm25 for c in selected])
+        chunks = ChainMap(*[c.chunks for c in selected])
+        return make_retriever(cfg, embedder, index, bm25, chunks, mode=mode, fusion=fusion)
 
     @property
     def reranker(self) -> Reranker:
@@ -319,14 +361,18 @@ class KnowledgeBase:
 
     # -- persistence ------------------------------------------------------------------------------
     def save(self, directory: str | os.PathLike[str] | None = None) -> Path:
-        """Write everything into a new version under ``directory`` (default: ``config.index_dir``),
-        atomically; return the version directory. The previous version stays loadable until the
-        new one is complete."""
+        """Write every collection into a new version under ``directory`` (default:
+        ``config.index_dir``), atomically; return the version directory. The previous version stays
+        loadable until the new one is complete; collections unchanged since it are hard-linked."""
         target = directory if directory is not None else self.config.index_dir
         if target is None:
             raise ValueError("save needs a directory (argument or RAGConfig.index_dir), got None")
+        root = Path(target).expanduser()
         with self._lock:
-            return save_version(Path(target).expanduser(), self._write)
+            folders: dict[str, str] = {}
+            version = save_version(root, lambda tmp: folders.update(self._write(tmp, root)))
+            self._remember(version, folders)
+            return version
 
     @classmethod
     def load(
@@ -338,7 +384,8 @@ class KnowledgeBase:
         chunker: Chunker | None = None,
         reranker: Reranker | None = None,
     ) -> KnowledgeBase:
-        """Load the current version saved under ``directory``.
+        """Load the current version saved under ``directory`` (an index saved before collections
+        existed loads as the collection ``"default"``).
 
         Without ``config`` the saved one is used. A config may change query-time settings (mode,
         top_k, reranker, ...); ingest-time ones (embedder, tokenizer, chunk sizes) must match the
@@ -350,9 +397,19 @@ class KnowledgeBase:
         config = config.model_copy(update={"index_dir": Path(directory)})
         kb = cls(config, embedder=embedder, chunker=chunker, reranker=reranker)
         kb._adopt(read_index(version, config))
+        kb._remember(version, {name: folder.name for name, folder in collection_folders(version).items()})
         return kb
 
     # -- internals --------------------------------------------------------------------------------
+    def _select(self, names: Iterable[str] | None) -> list[Collection]:
+        """The existing collections among ``names`` (all when None), each once; names are validated."""
+        if names is None:
+            return list(self._collections.values())
+        if isinstance(names, str):
+            raise ValueError(f"collections must be a list of names, got the string {names!r}")
+        wanted = dict.fromkeys(check_collection(n) for n in names)
+        return [self._collections[n] for n in wanted if n in self._collections]
+
     def _validate(self, docs: list[Document]) -> None:
         seen: set[str] = set()
         for doc in docs:
@@ -364,19 +421,15 @@ class KnowledgeBase:
                 raise ValueError(f"document id {doc.id!r} appears twice in one add_documents call")
             seen.add(doc.id)
 
-    def _needs_update(self, doc_id: str, digest: str) -> bool:
-        record = self._docs.get(doc_id)
-        return record is None or record.digest != digest
-
-    def _chunk(self, doc: Document) -> list[Chunk]:
+    def _chunk(self, doc: Document, collection: str) -> list[Chunk]:
         title = document_title(doc)
-        chunks = self.chunker.split(doc)
+        chunks = self.chunker.split(doc, collection)
         if title:
             chunks = [c.model_copy(update={"metadata": {**c.metadata, "title": title}}) for c in chunks]
         return chunks
 
-    def _must_embed(self, chunk: Chunk) -> bool:
-        old = self._chunks.get(chunk.chunk_id)
+    def _must_embed(self, coll: Collection, chunk: Chunk) -> bool:
+        old = coll.chunks.get(chunk.chunk_id)
         return old is None or self.search_text(old) != self.search_text(chunk)
 
     def _embed(self, texts: list[str], show_progress: bool) -> np.ndarray:
@@ -392,45 +445,35 @@ class KnowledgeBase:
                 bar.update(len(parts[-1]))
         return np.concatenate(parts)
 
-    def _replace(self, doc: Document, digest: str, chunks: list[Chunk]) -> int:
-        """Swap in a document's new chunk list; return how many old chunks were dropped."""
-        old = self._docs.get(doc.id)
-        new_ids = [c.chunk_id for c in chunks]
-        stale = [c for c in (old.chunk_ids if old else []) if c not in set(new_ids)]
-        self._drop_chunks(stale)
-        for chunk in chunks:
-            self._chunks[chunk.chunk_id] = chunk  # refreshed metadata; vectors kept unless re-embedded
-        self._docs[doc.id] = DocumentRecord(doc, digest, new_ids)
-        return len(stale)
+    def _new_index(self) -> VectorIndex:
+        cfg = self.config
+        return VectorIndex(self.embedder.dim, kind=cfg.index_kind, hnsw_threshold=cfg.hnsw_threshold)
 
-    def _drop_chunks(self, chunk_ids: Sequence[str]) -> None:
-        self._vector_index().delete(chunk_ids)
-        self._bm25.delete(chunk_ids)
-        for chunk_id in chunk_ids:
-            self._chunks.pop(chunk_id, None)
+    def _write(self, directory: Path, root: Path) -> dict[str, str]:
+        """Write a version into ``directory``; link the files of collections unchanged since the
+        version now live under ``root``. Returns each collection's folder name."""
+        try:
+            live = collection_folders(current_version(root))
+        except FileNotFoundError:
+            live = {}
+        unchanged = {
+            name: folder
+            for name, folder in live.items()
+            if name in self._collections and self._saved.get(name) == (folder, self._collections[name].changes)
+        }
+        return write_index(directory, self.config, list(self._collections.values()), unchanged)
 
-    def _index_new(self, chunks: list[Chunk], vectors: np.ndarray) -> None:
-        ids = [c.chunk_id for c in chunks]
-        index = self._vector_index()
-        index.delete(ids)  # a re-embedded chunk replaces its old vector
-        index.add(ids, vectors)
-        self._bm25.add(ids, [self.search_text(c) for c in chunks])
-
-    def _vector_index(self) -> VectorIndex:
-        if self._index is None:
-            cfg = self.config
-            self._index = VectorIndex(
-                self.embedder.dim, kind=cfg.index_kind, hnsw_threshold=cfg.hnsw_threshold
-            )
-        return self._index
-
-    def _write(self, directory: Path) -> None:
-        write_index(directory, self.config, list(self._docs.values()), self._chunks, self._vector_index())
+    def _remember(self, version: Path, folders: dict[str, str]) -> None:
+        """Record which folder of ``version`` holds each collection as it is now."""
+        self._saved = {
+            name: (version / folder, self._collections[name].changes)
+            for name, folder in folders.items()
+            if name in self._collections
+        }
 
     def _adopt(self, saved: SavedIndex) -> None:
-        self._chunks = saved.chunks
-        self._docs = {r.doc.id: r for r in saved.records}
-        self._index = saved.index
-        self._bm25 = BM25Index()
-        ids = list(self._chunks)
-        self._bm25.add(ids, [self.search_text(self._chunks[c]) for c in ids])
+        self._collections = {}
+        for part in saved.collections:
+            coll = Collection(part.name, self._new_index)
+            coll.adopt(part.records, part.chunks, part.index, self.search_text)
+            self._collections[part.name] = coll

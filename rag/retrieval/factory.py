@@ -14,6 +14,7 @@ from rag.ingestion.chunking import Chunker
 from rag.ingestion.documents import Chunk
 from rag.retrieval.bm25 import BM25Index
 from rag.retrieval.embedder import Embedder
+from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import CrossEncoderReranker, EmbeddingReranker, NoReranker, Reranker
 from rag.retrieval.retriever import BM25Retriever, DenseRetriever, HybridRetriever, Retriever
@@ -22,8 +23,8 @@ from rag.retrieval.retriever import BM25Retriever, DenseRetriever, HybridRetriev
 def make_retriever(
     config: RAGConfig,
     embedder: Embedder,
-    index: VectorIndex,
-    bm25: BM25Index,
+    index: VectorIndex | FederatedIndex,
+    bm25: BM25Index | FederatedBM25,
     chunks: Mapping[str, Chunk],
     *,
     mode: RetrievalMode | None = None,

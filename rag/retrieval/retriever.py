@@ -22,6 +22,7 @@ import numpy as np
 from rag.ingestion.documents import Chunk, ScoredChunk
 from rag.retrieval.bm25 import BM25Index
 from rag.retrieval.embedder import Embedder
+from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 
 
@@ -53,7 +54,9 @@ class DenseRetriever:
         'pass'
     """
 
-    def __init__(self, embedder: Embedder, index: VectorIndex, chunks: Mapping[str, Chunk]) -> None:
+    def __init__(
+        self, embedder: Embedder, index: VectorIndex | FederatedIndex, chunks: Mapping[str, Chunk]
+    ) -> None:
         self.embedder, self.index, self.chunks = embedder, index, chunks
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # query -> [dim] vector
 
@@ -93,7 +96,7 @@ class BM25Retriever:
         'attribute-access'
     """
 
-    def __init__(self, bm25: BM25Index, chunks: Mapping[str, Chunk]) -> None:
+    def __init__(self, bm25: BM25Index | FederatedBM25, chunks: Mapping[str, Chunk]) -> None:
         self.bm25, self.chunks = bm25, chunks
 
     def retrieve(self, query: str, top_k: int) -> list[ScoredChunk]:

@@ -133,10 +133,12 @@ def saved_index(tmp_path_factory, embedder):
 
 def test_index_files_are_json_npy_and_faiss_and_load_with_pickle_disabled(saved_index, embedder, monkeypatch):
     version = current_version(saved_index)
-    names = {p.name for p in version.iterdir()}
-    assert names <= INDEX_FILES and {"manifest.json", "vectors.npy", "chunks.json"} <= names, names
+    folder = version / "c0000"  # the default collection's files
+    names = {p.name for p in version.iterdir()} | {p.name for p in folder.iterdir()}
+    assert names <= INDEX_FILES | {"c0000"}, names
+    assert {"manifest.json", "vectors.npy", "chunks.json"} <= names, names
     assert {p.name for p in saved_index.iterdir()} == {POINTER, version.name}
-    with (version / "vectors.npy").open("rb") as fh:  # a plain float32 array: no pickled objects inside
+    with (folder / "vectors.npy").open("rb") as fh:  # a plain float32 array: no pickled objects inside
         np.lib.format.read_magic(fh)
         header = np.lib.format.read_array_header_1_0(fh)
     assert header[2] == np.dtype(np.float32), header
@@ -152,13 +154,13 @@ def test_index_files_are_json_npy_and_faiss_and_load_with_pickle_disabled(saved_
 
 
 def test_a_pickle_planted_in_the_vector_file_is_refused_not_run(saved_index, embedder, tmp_path):
-    version = current_version(saved_index)
+    vectors = current_version(saved_index) / "c0000" / "vectors.npy"
     marker = tmp_path / "unpickled"
-    original = (version / "vectors.npy").read_bytes()
+    original = vectors.read_bytes()
     try:
-        np.save(version / "vectors.npy", np.array([_Bomb(marker)], dtype=object), allow_pickle=True)
+        np.save(vectors, np.array([_Bomb(marker)], dtype=object), allow_pickle=True)
         with pytest.raises(ValueError, match="pickle"):
             KnowledgeBase.load(saved_index, embedder=embedder)
         assert not marker.exists()
     finally:
-        (version / "vectors.npy").write_bytes(original)
+        vectors.write_bytes(original)

@@ -37,7 +37,7 @@ def test_reingesting_unchanged_documents_is_a_noop(make_kb):
     kb.add_documents(SMALL_CORPUS)
     assert kb.last_ingest.unchanged == 4 and kb.last_ingest.chunks_embedded == 0
     assert {c.chunk_id for d in SMALL_CORPUS for c in kb.chunks_of(d.id)} == chunks_before
-    assert len(kb._vector_index()) == 4 and len(kb._bm25) == 4
+    assert len(kb.collection("default").index) == 4 and len(kb.collection("default").bm25) == 4
 
 
 def test_changed_document_replaces_its_chunks(make_kb):
@@ -52,7 +52,7 @@ def test_changed_document_replaces_its_chunks(make_kb):
     assert kb.last_ingest.chunks_embedded == len(set(after) - set(before)) >= 1  # unchanged chunks kept
     assert kb.last_ingest.chunks_removed == len(set(before) - set(after)) >= 1
     gone = set(before) - set(after)
-    assert not gone & set(kb._vector_index().keys()) and not any(g in kb._bm25 for g in gone)
+    assert not gone & set(kb.collection("default").index.keys()) and not any(g in kb.collection("default").bm25 for g in gone)
     hits = kb.search("quantum chromodynamics", top_k=1, mode="bm25")
     assert hits[0].text == parts[2]
     assert kb.search("topic number 2", top_k=kb.n_chunks, mode="bm25")[0].chunk_id not in gone
@@ -75,16 +75,17 @@ def test_delete_removes_from_dense_and_bm25(make_kb):
     assert "paris.html" not in kb and kb.n_chunks == 3
     for mode in ("dense", "bm25", "hybrid"):
         assert "paris.html" not in ids(kb.search("Eiffel Tower in Paris", top_k=4, mode=mode))
-    assert not chunk_ids & set(kb._vector_index().keys())
-    assert not any(c in kb._bm25 for c in chunk_ids)
+    assert not chunk_ids & set(kb.collection("default").index.keys())
+    assert not any(c in kb.collection("default").bm25 for c in chunk_ids)
 
 
 def test_save_load_round_trip(make_kb, embedder, tmp_path):
     kb = make_kb(retrieval_mode="hybrid")
     kb.add_documents(SMALL_CORPUS)
     version = kb.save(tmp_path / "index")
-    assert {p.name for p in version.iterdir()} == {
-        "manifest.json", "documents.json", "chunks.json", "vectors.npy", "keys.json", "index.json",
+    assert {p.name for p in version.iterdir()} == {"manifest.json", "c0000"}
+    assert {p.name for p in (version / "c0000").iterdir()} == {
+        "documents.json", "chunks.json", "vectors.npy", "keys.json", "index.json",
     }  # fmt: skip
     loaded = KnowledgeBase.load(tmp_path / "index", embedder=embedder)
     assert [d.id for d in loaded.list_documents()] == [d.id for d in SMALL_CORPUS]

@@ -209,6 +209,14 @@ class Pipeline:
     def chunks_of(self, doc_id: str, collection: str = DEFAULT_COLLECTION) -> list[Chunk]:
         return self.kb.chunks_of(doc_id, collection)
 
+    def collections(self) -> list[str]:
+        """Names of the collections holding documents."""
+        return self.kb.collections()
+
+    def count_documents(self, collections: Iterable[str] | None = None) -> int:
+        """Documents in ``collections`` (default: all)."""
+        return self.kb.count(collections)
+
     def save(self, directory: str | os.PathLike[str] | None = None) -> Path:
         """Write the index atomically (a crash mid-save leaves the previous one loadable)."""
         return self.kb.save(directory)

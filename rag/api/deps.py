@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
 
+from rag.api.access import Access, access_for
 from rag.api.auth import ANONYMOUS, Principal, bearer_token
 from rag.api.errors import api_error
 from rag.api.services import Services
@@ -46,6 +47,14 @@ def require_admin(principal: Annotated[Principal, Depends(current_principal)]) -
     return principal
 
 
+def current_access(
+    principal: Annotated[Principal, Depends(current_principal)],
+    settings: Annotated[Settings, Depends(get_settings)],
+) -> Access:
+    """The document collections the caller may read and write."""
+    return access_for(principal, settings)
+
+
 def ready_engine(services: Annotated[Services, Depends(get_services)]) -> Any:
     return services.ready_engine()
 
@@ -54,4 +63,5 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 ServicesDep = Annotated[Services, Depends(get_services)]
 PrincipalDep = Annotated[Principal, Depends(current_principal)]
 AdminDep = Annotated[Principal, Depends(require_admin)]
+AccessDep = Annotated[Access, Depends(current_access)]
 EngineDep = Annotated[Any, Depends(ready_engine)]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.api.schemas.rag import DocumentIn, DocumentOut
+from rag.ingestion.documents import DEFAULT_COLLECTION
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _MAX_NAME = 128
@@ -103,13 +104,15 @@ def _read(path: Path, name: str) -> tuple[str, dict[str, Any]]:
     return text, {k: v for k, v in extra.items() if k != "source"}
 
 
-def info_out(item: Any) -> DocumentOut:
-    """A DocumentInfo / Document / dict from the pipeline as the API's DocumentOut."""
+def info_out(item: Any, collection: str | None = None) -> DocumentOut:
+    """A DocumentInfo / Document / dict from the pipeline as the API's DocumentOut (``collection``: where
+    it is stored, when the item does not say)."""
     if isinstance(item, str):
-        return DocumentOut(id=item)
+        return DocumentOut(id=item, collection=collection or DEFAULT_COLLECTION)
     data = asdict(item) if is_dataclass(item) and not isinstance(item, type) else _dump(item)
     return DocumentOut(
         id=str(data["id"]),
+        collection=str(data.get("collection") or collection or DEFAULT_COLLECTION),
         metadata=dict(data.get("metadata") or {}),
         text=data.get("text"),
         chunks=data.get("n_chunks", data.get("chunks")),

@@ -60,11 +60,13 @@ class AskRun:
         top_k: int | None,
         max_tokens: int | None,
         namespace: str,
+        collections: list[str] | None = None,
     ) -> AskRun:
         """Admit, start the pipeline stream and take its first event (the sources), so that retrieval
-        errors and a full queue are answered with their status rather than in-band."""
+        errors and a full queue are answered with their status rather than in-band. Retrieval reads
+        only ``collections`` (None: every collection)."""
         slot = services.admission.enter()
-        kwargs: dict[str, Any] = {"top_k": top_k, "namespace": namespace}
+        kwargs: dict[str, Any] = {"top_k": top_k, "namespace": namespace, "collections": collections}
         if max_tokens is not None:  # the pipeline's own temperature, a shorter (or longer) answer
             config = getattr(pipeline, "config", None)
             kwargs["params"] = SamplingParams(

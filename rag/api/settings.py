@@ -6,13 +6,35 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.config import EngineConfig
 from rag.config import RAGConfig
+from rag.ingestion.documents import NAME_PATTERN, check_collection
 
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$")
+_TENANT = re.compile(NAME_PATTERN)  # a tenant's private collection bears its name
+
+
+class CollectionGrant(BaseModel):
+    """The collections one tenant may read and write, replacing its defaults.
+
+    Example:
+        >>> CollectionGrant(read=["handbook"], write=["team-a"]).write
+        ['team-a']
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    read: list[str] = Field(default_factory=list, description="collections it searches and lists")
+    write: list[str] = Field(
+        default_factory=list, description="collections it adds to and deletes from (also readable)"
+    )
+
+    @field_validator("read", "write")
+    @classmethod
+    def _names(cls, names: list[str]) -> list[str]:
+        return [check_collection(name) for name in names]
 
 
 class Settings(BaseSettings):
@@ -27,6 +49,8 @@ class Settings(BaseSettings):
 
         PREFIXRAG_API_KEYS='{"sk-alice": "alice", "sk-bob": "bob"}'
         PREFIXRAG_ADMIN_KEY=sk-admin
+        PREFIXRAG_SHARED_COLLECTION=handbook
+        PREFIXRAG_TENANT_COLLECTIONS='{"bob": {"read": ["handbook", "alice"], "write": ["bob"]}}'
         PREFIXRAG_ENGINE__CACHE_BYTES=536870912
         PREFIXRAG_RAG__TOP_K=6
         PREFIXRAG_INDEX_DIR=/srv/prefixrag/index
@@ -59,6 +83,23 @@ class Settings(BaseSettings):
         default=None, description="bearer key for admin routes (cache reset); also a valid tenant key"
     )
     admin_tenant: str = "admin"
+
+    # who may read and write which document collections (used when api_keys are set)
+    shared_collection: str | None = Field(
+        default="shared",
+        description="a collection every tenant reads and only the admin key writes (null: none); each "
+        "tenant also reads and writes its own collection, named after it",
+    )
+    tenant_collections: dict[str, CollectionGrant] = Field(
+        default_factory=dict,
+        description="tenant -> {read: [...], write: [...]}: replaces that tenant's default access",
+    )
+    public_prefix_cache: bool = Field(
+        default=False,
+        description="let tenants reuse each other's KV of a prompt prefix made only of the system prompt "
+        "and shared-collection chunks (a tenant can then tell, from cached_tokens and TTFT, that the same "
+        "shared chunks were retrieved before); off: every tenant's cache stays its own",
+    )
 
     # limits
     max_body_bytes: int = Field(default=8 << 20, ge=1024, description="larger request bodies get 413")
@@ -103,6 +144,23 @@ class Settings(BaseSettings):
         if not _TENANT.match(tenant):
             raise ValueError(f"admin_tenant {tenant!r} must be 1-64 characters of letters, digits and ._@:-")
         return tenant
+
+    @field_validator("shared_collection")
+    @classmethod
+    def _check_shared(cls, name: str | None) -> str | None:
+        return check_collection(name) if name is not None else None
+
+    @model_validator(mode="after")
+    def _check_collections(self) -> Settings:
+        tenants = set(self.api_keys.values())
+        if self.shared_collection is not None and self.shared_collection in tenants | {self.admin_tenant}:
+            raise ValueError(
+                f"shared_collection {self.shared_collection!r} is also a tenant's name (its private collection)"
+            )
+        unknown = sorted(set(self.tenant_collections) - tenants)
+        if unknown:
+            raise ValueError(f"tenant_collections names tenants that no API key maps to: {unknown}")
+        return self
 
     @model_validator(mode="after")
     def _check_limits(self) -> Settings:

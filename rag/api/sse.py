@@ -19,6 +19,7 @@ from rag.api.schemas.openai import (
     Delta,
     Usage,
 )
+from rag.api.schemas.rag import SourceOut
 
 DONE = "data: [DONE]\n\n"
 
@@ -62,16 +63,31 @@ async def guarded(
 
 
 async def chat_frames(
-    gen: Generation, *, chunk_id: str, created: int, model: str, include_usage: bool
+    gen: Generation,
+    *,
+    chunk_id: str,
+    created: int,
+    model: str,
+    include_usage: bool,
+    sources: list[SourceOut] | None = None,
 ) -> AsyncGenerator[str, None]:
-    """OpenAI chat.completion.chunk frames: role first, content deltas, finish, [usage], [DONE]."""
+    """OpenAI chat.completion.chunk frames: role first (with ``sources`` for a rag chat), content
+    deltas, finish, [usage], [DONE]."""
 
-    def chunk(delta: Delta | None, finish: str | None = None, usage: Usage | None = None) -> str:
+    def chunk(
+        delta: Delta | None,
+        finish: str | None = None,
+        usage: Usage | None = None,
+        sources: list[SourceOut] | None = None,
+    ) -> str:
         choices = [] if delta is None else [ChatChunkChoice(delta=delta, finish_reason=finish)]
-        body = ChatCompletionChunk(id=chunk_id, created=created, model=model, choices=choices, usage=usage)
-        return data(body.model_dump(exclude={"usage"} if not include_usage else set()))
+        body = ChatCompletionChunk(
+            id=chunk_id, created=created, model=model, choices=choices, usage=usage, sources=sources
+        )
+        leave_out = ({"usage"} if not include_usage else set()) | ({"sources"} if sources is None else set())
+        return data(body.model_dump(exclude=leave_out))
 
-    yield chunk(Delta(role="assistant", content=""))
+    yield chunk(Delta(role="assistant", content=""), sources=sources)
     async for ev in gen.events():
         if ev.text:
             yield chunk(Delta(content=ev.text))

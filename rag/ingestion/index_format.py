@@ -68,7 +68,7 @@ def write_index(
     version that already holds exactly its files: they are hard-linked instead of written again.
     """
     unchanged = unchanged or {}
-    entries = []
+    entries: list[dict[str, Any]] = []
     for collection in (c for c in collections if len(c)):
         folder = f"c{len(entries):04d}"
         (directory / folder).mkdir()
@@ -119,7 +119,9 @@ def read_index(version: Path, config: RAGConfig) -> SavedIndex:
     if manifest.get("format") == _LEGACY_FORMAT:
         folders = [(DEFAULT_COLLECTION, version)]
     else:
-        folders = [(check_collection(e["name"]), version / _plain_name(e["dir"])) for e in manifest["collections"]]
+        folders = [
+            (check_collection(e["name"]), version / _plain_name(e["dir"])) for e in manifest["collections"]
+        ]
     return SavedIndex(config, [_read_collection(name, folder, config) for name, folder in folders])
 
 

@@ -459,7 +459,8 @@ class KnowledgeBase:
         unchanged = {
             name: folder
             for name, folder in live.items()
-            if name in self._collections and self._saved.get(name) == (folder, self._collections[name].changes)
+            if name in self._collections
+            and self._saved.get(name) == (folder, self._collections[name].changes)
         }
         return write_index(directory, self.config, list(self._collections.values()), unchanged)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -49,7 +50,7 @@ class FederatedIndex:
         return any(key in index for index in self.indexes)
 
     def keys(self) -> list[str]:
-        return [key for index in self.indexes for key in index.keys()]
+        return list(chain.from_iterable(index.keys() for index in self.indexes))
 
     def search(self, query: np.ndarray, k: int) -> list[tuple[str, float]]:
         """The ``k`` best keys over every index, as (key, inner product), best first."""

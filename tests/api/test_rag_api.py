@@ -96,7 +96,8 @@ def test_add_list_get_documents(http):
 def test_ask_uses_sources_and_the_cache(http):
     first = _ask(http, "What is the secret code of the Zorblax project?", top_k=2)
     assert "zorblax.md" in {s["doc_id"] for s in first["sources"]}
-    assert set(first["sources"][0]) == {"doc_id", "chunk_id", "score", "text"}
+    assert set(first["sources"][0]) == {"doc_id", "chunk_id", "score", "text", "collection"}
+    assert first["sources"][0]["collection"] == "default"  # single-user mode: the default collection
     assert len(first["sources"]) <= 2
     again = _ask(http, "What is the secret code of the Zorblax project?", top_k=2)
     assert again["usage"]["cached_tokens"] > 0
@@ -142,6 +143,7 @@ def test_delete_and_unknown_ids(http):
     assert http.delete("/v1/documents/temp.md").json() == {
         "id": "temp.md",
         "object": "document",
+        "collection": "default",
         "deleted": True,
     }
     assert_error(http.delete("/v1/documents/temp.md"), 404, code="document_not_found")

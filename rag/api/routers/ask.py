@@ -6,14 +6,25 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from rag.api.access import search_scope
 from rag.api.bridge import SSE_HEADERS, ClosingStreamingResponse
-from rag.api.deps import PrincipalDep, ServicesDep, SettingsDep
-from rag.api.errors import ERROR_RESPONSES, api_error
+from rag.api.deps import AccessDep, PrincipalDep, ServicesDep, SettingsDep
+from rag.api.errors import ERROR_RESPONSES, ErrorResponse, api_error
 from rag.api.rag_stream import AskRun, ask_frames
 from rag.api.schemas.rag import AskRequest, AskResponse
 from rag.api.settings import Settings
 
-router = APIRouter(prefix="/v1", tags=["rag"], responses=ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/v1",
+    tags=["rag"],
+    responses={
+        **ERROR_RESPONSES,
+        404: {
+            "model": ErrorResponse,
+            "description": "`collections` names a collection not readable with this key",
+        },
+    },
+)
 
 _SSE_DOC: dict[int | str, dict[str, Any]] = {
     200: {
@@ -25,14 +36,27 @@ _SSE_DOC: dict[int | str, dict[str, Any]] = {
 
 @router.post("/ask", response_model=AskResponse, responses=_SSE_DOC)
 async def ask(
-    body: AskRequest, request: Request, services: ServicesDep, settings: SettingsDep, principal: PrincipalDep
+    body: AskRequest,
+    request: Request,
+    services: ServicesDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+    access: AccessDep,
 ) -> Any:
-    """Retrieve, rerank, answer. The tenant is the cache namespace; ``usage.cached_tokens`` says how much of
-    the prompt came from the prefix cache."""
+    """Retrieve (only from the collections the caller may read, or the readable ones it names),
+    rerank, answer. The tenant is the cache namespace; ``usage.cached_tokens`` says how much of the
+    prompt came from the prefix cache."""
     question, top_k = _validate(body, settings)
+    scope = search_scope(access, body.collections)
     pipeline = services.ready_pipeline()
     run = await AskRun.start(
-        services, pipeline, question, top_k=top_k, max_tokens=body.max_tokens, namespace=principal.namespace()
+        services,
+        pipeline,
+        question,
+        top_k=top_k,
+        max_tokens=body.max_tokens,
+        namespace=principal.namespace(),
+        collections=scope,
     )
     if body.stream:
         return ClosingStreamingResponse(ask_frames(run), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -1,22 +1,30 @@
-"""Documents: POST /v1/documents (JSON or file upload), GET /v1/documents[/{id}], DELETE /v1/documents/{id}.
+"""Documents: POST /v1/documents (JSON or file upload), GET /v1/documents[/{id}], DELETE /v1/documents/{id},
+and GET /v1/collections.
 
-Every change is saved to ``settings.index_dir`` (atomically, by the pipeline) before it is
-acknowledged, so an acknowledged document survives a crash.
+Every route works inside the caller's collections (``rag.api.access``): ``?collection=`` names one
+(404 if the key may not read it, 403 on a write it may only read), else writes go to the caller's own
+collection and reads cover every collection it may read. Ids are unique per collection. A document in
+a collection the caller cannot read is answered exactly as an unknown id: the lookup only ever visits
+the caller's own collections. Every change is saved to ``settings.index_dir`` (atomically, by the
+pipeline) before it is acknowledged, so an acknowledged document survives a crash.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import TypeAdapter, ValidationError
 
-from rag.api.deps import PrincipalDep, ServicesDep, SettingsDep
+from rag.api.access import Access, readable, writable
+from rag.api.deps import AccessDep, ServicesDep, SettingsDep
 from rag.api.documents_io import UploadError, documents_from_json, documents_from_upload, info_out, persist
 from rag.api.errors import ERROR_RESPONSES, ErrorResponse, api_error, format_loc
 from rag.api.schemas.rag import (
     AddedDocuments,
+    CollectionList,
+    CollectionOut,
     DeletedDocument,
     DocumentIn,
     DocumentList,
@@ -25,15 +33,31 @@ from rag.api.schemas.rag import (
 )
 from rag.api.services import Services
 from rag.api.settings import Settings
+from rag.ingestion.documents import NAME_PATTERN
 
 router = APIRouter(
-    prefix="/v1/documents",
+    prefix="/v1",
     tags=["documents"],
     responses={
         **ERROR_RESPONSES,
+        403: {"model": ErrorResponse, "description": "The collection is read-only for this key"},
+        404: {
+            "model": ErrorResponse,
+            "description": "No such document, or no collection of that name readable with this key",
+        },
         415: {"model": ErrorResponse, "description": "Unsupported file or content type"},
     },
 )
+CollectionQuery = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=64,
+        pattern=NAME_PATTERN,
+        description="the collection to work in (default: writes go to the caller's own collection, "
+        "reads cover every collection the caller may read)",
+    ),
+]
 
 _JSON_BODY = TypeAdapter(list[DocumentIn] | DocumentsIn)
 _UPLOAD_DOC: dict[str, Any] = {
@@ -62,12 +86,18 @@ _UPLOAD_DOC: dict[str, Any] = {
 }
 
 
-@router.post("", status_code=201, response_model=AddedDocuments, openapi_extra=_UPLOAD_DOC)
+@router.post("/documents", status_code=201, response_model=AddedDocuments, openapi_extra=_UPLOAD_DOC)
 async def add_documents(
-    request: Request, services: ServicesDep, settings: SettingsDep, principal: PrincipalDep
+    request: Request,
+    services: ServicesDep,
+    settings: SettingsDep,
+    access: AccessDep,
+    collection: CollectionQuery = None,
 ) -> AddedDocuments:
-    """Add or update documents: a JSON list of ``{id?, text, metadata?}`` (or ``{"documents": [...]}``),
-    or a multipart upload of files (field ``file``; .txt, .md, .html, .pdf)."""
+    """Add or update documents in a collection the caller may write: a JSON list of
+    ``{id?, text, metadata?}`` (or ``{"documents": [...]}``), or a multipart upload of files (field
+    ``file``; .txt, .md, .html, .pdf). An id already used in another collection is another document."""
+    target = writable(access, collection)
     pipeline = services.ready_pipeline()
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
@@ -80,44 +110,94 @@ async def add_documents(
             f"unsupported content type {content_type!r}: send application/json or multipart/form-data",
             code="unsupported_media_type",
         )
-    ids = await _write(services, settings, lambda: pipeline.add_documents(docs))
-    return AddedDocuments(ids=list(ids), count=len(ids))
+    ids = await _write(services, settings, lambda: pipeline.add_documents(docs, collection=target))
+    return AddedDocuments(ids=list(ids), count=len(ids), collection=target)
 
 
-@router.get("", response_model=DocumentList)
-async def list_documents(services: ServicesDep, principal: PrincipalDep) -> DocumentList:
-    """Every stored document's id, metadata and size."""
+@router.get("/documents", response_model=DocumentList)
+async def list_documents(
+    services: ServicesDep, access: AccessDep, collection: CollectionQuery = None
+) -> DocumentList:
+    """The id, collection, metadata and size of every document in the caller's collections (or in
+    the one named)."""
     pipeline = services.ready_pipeline()
-    infos = await anyio.to_thread.run_sync(pipeline.list_documents, limiter=services.limiter)
-    return DocumentList(data=[info_out(i) for i in infos])
 
+    def infos() -> list[Any]:
+        names = [readable(access, collection)] if collection else access.readable(pipeline.collections())
+        return list(pipeline.list_documents(names))
 
-@router.get("/{doc_id:path}", response_model=DocumentOut)
-async def get_document(doc_id: str, services: ServicesDep, principal: PrincipalDep) -> DocumentOut:
-    """One document, with its text."""
-    pipeline = services.ready_pipeline()
-    doc = await anyio.to_thread.run_sync(pipeline.get_document, doc_id, limiter=services.limiter)
-    if doc is None:
-        raise api_error(404, f"no document with id {doc_id!r}", param="id", code="document_not_found")
-    out = info_out(doc)
-    chunks_of = getattr(pipeline, "chunks_of", None) or getattr(
-        getattr(pipeline, "kb", None), "chunks_of", None
+    return DocumentList(
+        data=[info_out(i) for i in await anyio.to_thread.run_sync(infos, limiter=services.limiter)]
     )
-    if out.chunks is None and callable(chunks_of):
-        out.chunks = len(chunks_of(doc_id))
+
+
+@router.get("/documents/{doc_id:path}", response_model=DocumentOut)
+async def get_document(
+    doc_id: str, services: ServicesDep, access: AccessDep, collection: CollectionQuery = None
+) -> DocumentOut:
+    """One document, with its text: from the collection named, else the first of the caller's
+    collections holding that id (its own collection first)."""
+    pipeline = services.ready_pipeline()
+    names = [readable(access, collection)] if collection else None
+    found = await anyio.to_thread.run_sync(_find, pipeline, access, doc_id, names, limiter=services.limiter)
+    if found is None:
+        raise _not_found(doc_id)
+    doc, where, n_chunks = found
+    out = info_out(doc, where)
+    out.chunks = n_chunks if out.chunks is None else out.chunks
     return out
 
 
-@router.delete("/{doc_id:path}", response_model=DeletedDocument)
+@router.delete("/documents/{doc_id:path}", response_model=DeletedDocument)
 async def delete_document(
-    doc_id: str, services: ServicesDep, settings: SettingsDep, principal: PrincipalDep
+    doc_id: str,
+    services: ServicesDep,
+    settings: SettingsDep,
+    access: AccessDep,
+    collection: CollectionQuery = None,
 ) -> DeletedDocument:
-    """Remove a document and its chunks from the index."""
+    """Remove a document and its chunks from a collection the caller may write (default: its own)."""
+    target = writable(access, collection)
     pipeline = services.ready_pipeline()
-    deleted = await _write(services, settings, lambda: pipeline.delete_document(doc_id))
+    deleted = await _write(services, settings, lambda: pipeline.delete_document(doc_id, collection=target))
     if not deleted:
-        raise api_error(404, f"no document with id {doc_id!r}", param="id", code="document_not_found")
-    return DeletedDocument(id=doc_id)
+        raise _not_found(doc_id)
+    return DeletedDocument(id=doc_id, collection=target)
+
+
+@router.get("/collections", response_model=CollectionList, tags=["documents"])
+async def list_collections(services: ServicesDep, access: AccessDep) -> CollectionList:
+    """The collections the caller may read, its own first, with whether it may write them."""
+    pipeline = services.ready_pipeline()
+
+    def collections() -> list[CollectionOut]:
+        names = access.readable(pipeline.collections())
+        return [
+            CollectionOut(
+                name=name,
+                writable=access.can_write(name),
+                home=name == access.home,
+                documents=pipeline.count_documents([name]),
+            )
+            for name in names
+        ]
+
+    return CollectionList(data=await anyio.to_thread.run_sync(collections, limiter=services.limiter))
+
+
+def _find(pipeline: Any, access: Access, doc_id: str, names: list[str] | None) -> tuple[Any, str, int] | None:
+    """The document, its collection and its chunk count, searching ``names`` (default: the caller's
+    readable collections, its own first); None when none of them holds ``doc_id``."""
+    for name in names if names is not None else access.readable(pipeline.collections()):
+        doc = pipeline.get_document(doc_id, collection=name)
+        if doc is not None:
+            return doc, name, len(pipeline.chunks_of(doc_id, collection=name))
+    return None
+
+
+def _not_found(doc_id: str) -> Exception:
+    """One answer for an unknown id and for an id held only by collections the caller cannot read."""
+    return api_error(404, f"no document with id {doc_id!r}", param="id", code="document_not_found")
 
 
 async def _from_json(request: Request, settings: Settings) -> list[Any]:

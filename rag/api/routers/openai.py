@@ -7,8 +7,10 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Request, Response
 
+from rag.api.access import search_scope
 from rag.api.bridge import SSE_HEADERS, ClosingStreamingResponse
-from rag.api.deps import EngineDep, PrincipalDep, ServicesDep, SettingsDep
+from rag.api.chat_retrieval import grounded_chat
+from rag.api.deps import AccessDep, EngineDep, PrincipalDep, ServicesDep, SettingsDep
 from rag.api.errors import ERROR_RESPONSES, api_error
 from rag.api.generation import Generation
 from rag.api.openai_compat import (
@@ -50,10 +52,12 @@ async def chat_completions(
     services: ServicesDep,
     settings: SettingsDep,
     principal: PrincipalDep,
+    access: AccessDep,
     engine: EngineDep,
 ) -> Any:
     """Chat completion over the prefix-cached engine; ``usage.prompt_tokens_details.cached_tokens``
-    says how much of the prompt was reused."""
+    says how much of the prompt was reused. With ``rag`` (or ``collections``) the reply is grounded
+    on passages retrieved from the caller's readable collections (``sources``)."""
     model = _check_model(services, body.model)
     check_chat(body)
     max_tokens = body.max_completion_tokens or body.max_tokens
@@ -67,6 +71,10 @@ async def chat_completions(
         body, settings, max_tokens=max_tokens, default_max_tokens=settings.default_max_tokens
     )
     messages = chat_messages(body.messages, settings)
+    sources = None
+    if body.rag or body.collections is not None:
+        scope = search_scope(access, body.collections)
+        messages, sources = await grounded_chat(services, messages, scope)
     prompt = await anyio.to_thread.run_sync(services.chat_prompt, messages, limiter=services.limiter)
     gen = await Generation.start(
         services, "chat", prompt, params, namespace=principal.namespace(body.cache_salt)
@@ -74,7 +82,9 @@ async def chat_completions(
     cid, created = new_id("chatcmpl"), now()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        frames = chat_frames(gen, chunk_id=cid, created=created, model=model, include_usage=include_usage)
+        frames = chat_frames(
+            gen, chunk_id=cid, created=created, model=model, include_usage=include_usage, sources=sources
+        )
         return ClosingStreamingResponse(
             guarded(frames, gen, openai_error_frames), media_type="text/event-stream", headers=SSE_HEADERS
         )
@@ -91,6 +101,7 @@ async def chat_completions(
             )
         ],
         usage=Usage.of(result.prompt_tokens, result.cached_tokens, result.completion_tokens),
+        sources=sources,
     )
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag.api.schemas.rag import Collections, SourceOut
 from rag.api.schemas.types import Bool, Float, Int, RequestModel
 
 Role = Literal["system", "developer", "user", "assistant"]
@@ -78,6 +79,16 @@ class ChatCompletionRequest(SamplingFields):
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    # extensions: retrieval-augmented chat
+    rag: Bool = Field(
+        default=False,
+        description="extension: ground the reply on the caller's documents: the last user message "
+        "retrieves passages (from the collections the key may read) that are added to it; the reply "
+        "lists them in `sources`",
+    )
+    collections: Collections | None = Field(
+        default=None, description="extension: retrieve only from these readable collections (implies rag)"
+    )
 
 
 class CompletionRequest(SamplingFields):
@@ -136,6 +147,9 @@ class ChatCompletion(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    sources: list[SourceOut] | None = Field(
+        default=None, description="extension: the passages a `rag` chat was grounded on ([n] cites the n-th)"
+    )
 
 
 class Delta(BaseModel):
@@ -158,6 +172,9 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    sources: list[SourceOut] | None = Field(
+        default=None, description="extension: on the first chunk of a `rag` chat, its passages"
+    )
 
 
 class CompletionChoice(BaseModel):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag.api.schemas.types import Bool, Int, RequestModel
+from rag.ingestion.documents import DEFAULT_COLLECTION, NAME_PATTERN
 
 # JSON-schema patterns (documentation for clients and fuzzers; the routers check the same rules)
 MAX_DEPTH = 16  # metadata nesting
@@ -14,6 +15,18 @@ VISIBLE_TEXT = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"  # some non-space character,
 PRINTABLE_ID = (
     r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*$"
 )
+MAX_COLLECTIONS = 64  # named in one request
+CollectionName = Annotated[str, Field(min_length=1, max_length=64, pattern=NAME_PATTERN)]
+Collections = Annotated[
+    list[CollectionName],
+    Field(
+        min_length=1,
+        max_length=MAX_COLLECTIONS,
+        description="search only these collections; each must be readable with the caller's key "
+        "(404 `collection_not_found` otherwise, the same answer as for a collection that does not "
+        "exist). Default: every collection the key may read",
+    ),
+]
 
 
 class AskRequest(RequestModel):
@@ -31,6 +44,7 @@ class AskRequest(RequestModel):
     max_tokens: Int | None = Field(
         default=None, ge=1, description="answer length cap (default: the pipeline's)"
     )
+    collections: Collections | None = None
 
 
 class SourceOut(BaseModel):
@@ -38,6 +52,7 @@ class SourceOut(BaseModel):
     chunk_id: str
     score: float
     text: str
+    collection: str = DEFAULT_COLLECTION
 
 
 class AskUsage(BaseModel):
@@ -119,11 +134,13 @@ class AddedDocuments(BaseModel):
     object: Literal["list"] = "list"
     ids: list[str]
     count: int
+    collection: str = Field(default=DEFAULT_COLLECTION, description="where the documents were stored")
 
 
 class DocumentOut(BaseModel):
     id: str
     object: Literal["document"] = "document"
+    collection: str = DEFAULT_COLLECTION
     metadata: dict[str, Any] = Field(default_factory=dict)
     text: str | None = None
     chunks: int | None = Field(default=None, description="number of chunks indexed")
@@ -138,4 +155,18 @@ class DocumentList(BaseModel):
 class DeletedDocument(BaseModel):
     id: str
     object: Literal["document"] = "document"
+    collection: str = DEFAULT_COLLECTION
     deleted: bool = True
+
+
+class CollectionOut(BaseModel):
+    name: str
+    object: Literal["collection"] = "collection"
+    writable: bool = Field(description="whether this key may add and delete documents here")
+    home: bool = Field(description="where this key's documents go when a request names no collection")
+    documents: int
+
+
+class CollectionList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[CollectionOut]

@@ -103,7 +103,7 @@ function renderSources(sources) {
     head.className = "src-head";
     const id = document.createElement("span");
     id.className = "src-id";
-    id.textContent = s.doc_id;
+    id.textContent = s.collection ? `${s.collection} / ${s.doc_id}` : s.doc_id;
     const score = document.createElement("span");
     score.className = "src-score";
     score.textContent = `score ${Number(s.score).toFixed(3)}`;
@@ -120,6 +120,12 @@ function renderSources(sources) {
   $("sources-title").textContent = sources.length ? `Sources (${sources.length})` : "Sources";
 }
 
+function askBody(question) {
+  const body = { question, top_k: Number($("top-k").value), stream: true };
+  if ($("scope").value) body.collections = [$("scope").value];
+  return body;
+}
+
 async function ask(question) {
   if (current) current.abort();
   const controller = new AbortController();
@@ -132,7 +138,7 @@ async function ask(question) {
     const reply = await fetch("/v1/ask", {
       method: "POST",
       headers: headers({ "Content-Type": "application/json", Accept: "text/event-stream" }),
-      body: JSON.stringify({ question, top_k: Number($("top-k").value), stream: true }),
+      body: JSON.stringify(askBody(question)),
       signal: controller.signal,
     });
     if (!reply.ok) {
@@ -173,7 +179,39 @@ async function ask(question) {
   }
 }
 
-// ---- documents ------------------------------------------------------------------------------------------
+// ---- collections and documents ---------------------------------------------------------------------------
+function fillSelect(select, options, keep) {
+  const previous = select.value;
+  select.replaceChildren(...keep);
+  for (const [value, label] of options) {
+    const option = document.createElement("option");
+    option.value = value;
+    option.textContent = label;
+    select.append(option);
+  }
+  if ([...select.options].some((o) => o.value === previous)) select.value = previous;
+}
+
+async function refreshCollections() {
+  try {
+    const reply = await fetch("/v1/collections", { headers: headers() });
+    if (!reply.ok) {
+      $("collection-list").textContent = await errorMessage(reply);
+      return;
+    }
+    const { data } = await reply.json();
+    const label = (c) => `${c.name}${c.home ? " (yours)" : ""}${c.writable ? "" : " (read-only)"}`;
+    $("collection-list").textContent = data.length
+      ? data.map((c) => `${label(c)}: ${c.documents} document${c.documents === 1 ? "" : "s"}`).join(" · ")
+      : "none";
+    fillSelect($("scope"), data.map((c) => [c.name, c.name]), [$("scope").options[0]]);
+    const writable = data.filter((c) => c.writable).sort((a, b) => b.home - a.home);
+    fillSelect($("upload-target"), writable.map((c) => [c.name, c.name]), []);
+  } catch (err) {
+    $("collection-list").textContent = `could not list collections: ${err.message}`;
+  }
+}
+
 async function refreshDocs() {
   try {
     const reply = await fetch("/v1/documents", { headers: headers() });
@@ -192,7 +230,7 @@ async function refreshDocs() {
       const meta = document.createElement("span");
       meta.className = "meta";
       const n = doc.chunks ?? "?";
-      meta.textContent = `${n} chunk${n === 1 ? "" : "s"} · ${doc.chars ?? "?"} chars`;
+      meta.textContent = `${doc.collection} · ${n} chunk${n === 1 ? "" : "s"} · ${doc.chars ?? "?"} chars`;
       li.append(name, meta);
       list.append(li);
     }
@@ -208,12 +246,15 @@ async function upload(event) {
   const form = new FormData();
   for (const f of files) form.append("file", f);
   $("doc-status").textContent = "uploading…";
-  const reply = await fetch("/v1/documents", { method: "POST", headers: headers(), body: form });
+  const target = $("upload-target").value;
+  const url = target ? `/v1/documents?collection=${encodeURIComponent(target)}` : "/v1/documents";
+  const reply = await fetch(url, { method: "POST", headers: headers(), body: form });
   if (reply.ok) {
     const body = await reply.json();
-    $("doc-status").textContent = `added ${body.count}: ${body.ids.join(", ")}`;
+    $("doc-status").textContent = `added ${body.count} to ${body.collection}: ${body.ids.join(", ")}`;
     $("upload").value = "";
     refreshDocs();
+    refreshCollections();
   } else {
     $("doc-status").textContent = await errorMessage(reply);
   }
@@ -224,6 +265,8 @@ $("api-key").value = localStorage.getItem(KEY_STORE) || "";
 $("api-key").addEventListener("change", () => {
   localStorage.setItem(KEY_STORE, $("api-key").value.trim());
   refreshCache();
+  refreshCollections();
+  refreshDocs();
 });
 $("ask-form").addEventListener("submit", (event) => {
   event.preventDefault();
@@ -238,9 +281,13 @@ $("question").addEventListener("keydown", (event) => {
 });
 $("upload-form").addEventListener("submit", upload);
 $("docs-panel").addEventListener("toggle", () => {
-  if ($("docs-panel").open) refreshDocs();
+  if ($("docs-panel").open) {
+    refreshDocs();
+    refreshCollections();
+  }
 });
 refreshCache();
+refreshCollections();
 refreshDocs();
 setInterval(refreshCache, 2500);
 $("question").focus();

@@ -35,7 +35,10 @@ DISTRACTORS = [
 
 
 def _hits(kb: KnowledgeBase, question: str, mode: str, k: int, collections: list[str] | None = None):
-    return [(h.doc_id, h.chunk_id, h.score, h.collection) for h in kb.search(question, k, mode, collections=collections)]  # type: ignore[arg-type]
+    return [
+        (h.doc_id, h.chunk_id, h.score, h.collection)
+        for h in kb.search(question, k, mode, collections=collections)
+    ]  # type: ignore[arg-type]
 
 
 def _recall(ranked: dict[str, list[tuple]], k: int) -> float:
@@ -108,8 +111,9 @@ def test_dense_search_over_several_collections_is_exact(two_tenants, embedder, l
 
 def test_ids_are_unique_per_collection(make_kb):
     kb = make_kb()
-    mine, theirs = Document(id="notes.md", text="Alice's plan: ship on Friday."), Document(
-        id="notes.md", text="Bob's plan: ship on Monday."
+    mine, theirs = (
+        Document(id="notes.md", text="Alice's plan: ship on Friday."),
+        Document(id="notes.md", text="Bob's plan: ship on Monday."),
     )
     kb.add_documents([mine], collection="alice")
     kb.add_documents([theirs], collection="bob")
@@ -149,7 +153,9 @@ def test_collections_survive_save_and_load_and_unchanged_ones_are_linked(two_ten
     assert loaded.list_documents() == two_tenants.list_documents()
     for question in list(QUESTIONS)[:2]:
         for names in (["a"], ["b"], None):
-            assert loaded.search(question, 3, collections=names) == two_tenants.search(question, 3, collections=names)
+            assert loaded.search(question, 3, collections=names) == two_tenants.search(
+                question, 3, collections=names
+            )
     inodes = {p.name: p.stat().st_ino for p in (first / "c0000").iterdir()}
     loaded.add_documents([Document(id="new.md", text="A new note for b.")], collection="b")
     second = loaded.save(tmp_path)
@@ -163,7 +169,10 @@ def _write_format_1(directory: Path, kb: KnowledgeBase) -> None:
     the top level, chunks without a collection field."""
     coll = kb.collection(DEFAULT_COLLECTION)
     assert coll is not None
-    docs = [{"doc": r.doc.model_dump(mode="json"), "digest": r.digest, "chunk_ids": r.chunk_ids} for r in coll.docs.values()]
+    docs = [
+        {"doc": r.doc.model_dump(mode="json"), "digest": r.digest, "chunk_ids": r.chunk_ids}
+        for r in coll.docs.values()
+    ]
     chunks = [c.model_dump(mode="json", exclude={"collection"}) for c in coll.chunks.values()]
     (directory / "documents.json").write_text(json.dumps(docs), encoding="utf-8")
     (directory / "chunks.json").write_text(json.dumps(chunks), encoding="utf-8")
@@ -188,7 +197,7 @@ def test_an_index_saved_before_collections_loads_as_the_default_collection(make_
     assert [d.id for d in kb.list_documents()] == [d.id for d in SMALL_CORPUS]
     assert all(kb.get_document(d.id) == d for d in SMALL_CORPUS)
     for mode in ("dense", "bm25", "hybrid"):
-        question = list(QUESTIONS)[0]
+        question = next(iter(QUESTIONS))
         assert kb.search(question, 2, mode) == old.search(question, 2, mode)  # type: ignore[arg-type]
     kb.add_documents(SMALL_CORPUS)
     assert kb.last_ingest.unchanged == 4  # digests and chunk ids carried over: nothing re-embedded

@@ -52,7 +52,9 @@ def test_changed_document_replaces_its_chunks(make_kb):
     assert kb.last_ingest.chunks_embedded == len(set(after) - set(before)) >= 1  # unchanged chunks kept
     assert kb.last_ingest.chunks_removed == len(set(before) - set(after)) >= 1
     gone = set(before) - set(after)
-    assert not gone & set(kb.collection("default").index.keys()) and not any(g in kb.collection("default").bm25 for g in gone)
+    assert not gone & set(kb.collection("default").index.keys()) and not any(
+        g in kb.collection("default").bm25 for g in gone
+    )
     hits = kb.search("quantum chromodynamics", top_k=1, mode="bm25")
     assert hits[0].text == parts[2]
     assert kb.search("topic number 2", top_k=kb.n_chunks, mode="bm25")[0].chunk_id not in gone

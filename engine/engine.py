@@ -45,6 +45,7 @@ from prefix_cache import RadixCache
 log = logging.getLogger(__name__)
 
 _NS_SEP = "\x1f"  # joins model id and tenant namespace
+_PUBLIC_SEP = "\x1e"  # follows the model id in the public namespace, which no tenant's can equal
 
 
 class Engine:
@@ -134,21 +135,43 @@ class Engine:
         return encode_prompt(self.tokenizer, prompt, self.runner.vocab_size)
 
     def generate(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        namespace: str = "",
+        public_prefix: int = 0,
     ) -> GenerationResult:
         """Run one request to completion (thread-safe; concurrent calls are scheduled together)."""
-        return final_result(self.stream(prompt, params, namespace=namespace))
+        return final_result(self.stream(prompt, params, namespace=namespace, public_prefix=public_prefix))
 
     def stream(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        namespace: str = "",
+        public_prefix: int = 0,
     ) -> RequestStream:
         """Yield text deltas as they are decoded. ``close()`` or ``cancel()`` on the returned stream
         (from any thread, started or not) cancels the request and releases its cache lock."""
-        request = self.submit(prompt, params, namespace=namespace)
+        request = self.submit(prompt, params, namespace=namespace, public_prefix=public_prefix)
         return RequestStream(request, self._cancel)
 
-    def submit(self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = "") -> Request:
-        """Validate and enqueue a request; consume ``request.events`` (or use stream/generate)."""
+    def submit(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        namespace: str = "",
+        public_prefix: int = 0,
+    ) -> Request:
+        """Validate and enqueue a request; consume ``request.events`` (or use stream/generate).
+
+        ``public_prefix``: how many leading prompt tokens are public material (the caller vouches
+        that they hold nothing of the tenant's): they are also read from and written to the public
+        namespace, which every tenant shares. The rest of the prompt stays in ``namespace`` only.
+        """
         params = params or SamplingParams()
         ids = self.encode(prompt)
         if not ids:
@@ -157,12 +180,15 @@ class Engine:
             raise ValueError(f"prompt has {len(ids)} tokens; the model's context is {self.max_context}")
         if not isinstance(namespace, str):
             raise ValueError(f"namespace must be a string, got {type(namespace).__name__}")
+        if isinstance(public_prefix, bool) or not isinstance(public_prefix, int) or public_prefix < 0:
+            raise ValueError(f"public_prefix must be a non-negative int, got {public_prefix!r}")
         request = Request(
             prompt_ids=ids,
             params=params,
             namespace=self._namespace(namespace),
             detok=Detokenizer(self.tokenizer, params.stop),
             eos_ids=frozenset() if params.ignore_eos else self.eos_ids | frozenset(params.stop_token_ids),
+            public_tokens=min(public_prefix, len(ids)),
         )
         self._ensure_worker()
         with self._wakeup:
@@ -186,11 +212,15 @@ class Engine:
         ahead = len(self.scheduler) + len(self._running)
         return float(min(max(1.0, ahead * mean_s / self.config.max_running), 60.0))
 
-    def cached_prefix_length(self, token_ids: Sequence[int], namespace: str = "") -> int:
-        """How many leading tokens of ``token_ids`` the cache holds (no side effects)."""
+    def cached_prefix_length(
+        self, token_ids: Sequence[int], namespace: str = "", *, public: bool = False
+    ) -> int:
+        """How many leading tokens of ``token_ids`` the cache holds (no side effects), in ``namespace``
+        or (``public``) in the public namespace."""
         if not self.caching:
             return 0
-        return int(self.cache.peek_length(list(token_ids), namespace=self._namespace(namespace)))
+        where = self._public if public else self._namespace(namespace)
+        return int(self.cache.peek_length(list(token_ids), namespace=where))
 
     def stats(self) -> dict[str, Any]:
         """Engine counters plus the prefix cache's."""
@@ -301,15 +331,24 @@ class Engine:
         clock = time.perf_counter()
         kv = req.buffer.segment(0, length, self.kv_blocks)
         self.cache.insert(req.all_ids[:length], kv, namespace=req.namespace)
+        public = min(length, req.public_tokens)
+        if public:  # only what was vouched public reaches the shared namespace
+            self.cache.insert(
+                req.all_ids[:public], req.buffer.segment(0, public, self.kv_blocks), self._public
+            )
         req.phases["insert"] = req.phases.get("insert", 0.0) + time.perf_counter() - clock
 
     def _match(self, req: Request) -> Any:
         """Longest cached prefix, capped so at least one prompt token is computed; locked for the request."""
         if not self.caching:
             return _NO_MATCH
-        match = self.cache.match_prefix(
-            req.prompt_ids, namespace=req.namespace, max_length=len(req.prompt_ids) - 1
-        )
+        namespace, cap = req.namespace, len(req.prompt_ids) - 1
+        if req.public_tokens:  # the public namespace, when it holds more of the public part
+            public_cap = min(req.public_tokens, cap)
+            public = self.cache.peek_length(req.prompt_ids, namespace=self._public, max_length=public_cap)
+            if public > self.cache.peek_length(req.prompt_ids, namespace=namespace, max_length=cap):
+                namespace, cap = self._public, public_cap
+        match = self.cache.match_prefix(req.prompt_ids, namespace=namespace, max_length=cap)
         self.cache.lock(match.node)
         req.node = match.node
         return match
@@ -451,6 +490,11 @@ class Engine:
 
     def _namespace(self, tenant: str) -> str:
         return f"{self.model_id}{_NS_SEP}{tenant}"
+
+    @property
+    def _public(self) -> str:
+        """The namespace of public prefixes (operator material every tenant may reuse)."""
+        return f"{self.model_id}{_PUBLIC_SEP}"
 
     def _probe(self, req: Request) -> int:
         if not self.caching:

@@ -98,6 +98,7 @@ class Request:
     namespace: str
     detok: Detokenizer
     eos_ids: frozenset[int]
+    public_tokens: int = 0  # leading prompt tokens shared through the public namespace
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     arrival: float = field(default_factory=time.perf_counter)
     events: queue.SimpleQueue[StreamEvent | BaseException] = field(default_factory=queue.SimpleQueue)

@@ -13,9 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.config import EngineConfig
+from rag.ingestion.documents import check_collection
 from rag.prompt.assembler import DEFAULT_SYSTEM_PROMPT
 from rag.retrieval.embedder import DEFAULT_EMBEDDER
 
@@ -86,6 +87,11 @@ class RAGConfig(BaseModel):
         default="cache",
         description="order of retrieved chunks: the one the prefix cache holds longest by default",
     )
+    public_collections: list[str] = Field(
+        default_factory=list,
+        description="collections whose chunks are public: the KV of a prompt prefix made only of the "
+        "system prompt and their chunks is shared by every namespace (empty: no sharing)",
+    )
     # generation
     max_tokens: int = Field(
         default=256, gt=0, description="answer length cap (reserved in the context budget)"
@@ -95,6 +101,11 @@ class RAGConfig(BaseModel):
         default=1.1, gt=0.0, le=3.0, description="on the answer's own tokens (llama.cpp's default strength)"
     )
     engine: EngineConfig = Field(default_factory=EngineConfig)
+
+    @field_validator("public_collections")
+    @classmethod
+    def _collection_names(cls, names: list[str]) -> list[str]:
+        return [check_collection(name) for name in names]
 
     @model_validator(mode="after")
     def _consistent(self) -> RAGConfig:

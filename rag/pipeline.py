@@ -7,6 +7,7 @@ question ─► KnowledgeBase.search_timed (hybrid retrieval, optional rerank)
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import time
@@ -22,6 +23,7 @@ from rag.ingestion.documents import DEFAULT_COLLECTION, Chunk, Document, ScoredC
 from rag.ingestion.loaders import LoadResult
 from rag.ingestion.store import DocumentInfo, KnowledgeBase
 from rag.prompt.assembler import Prompt, PromptAssembler
+from rag.prompt.public import public_prefix_length
 
 
 class GenerationBackend(Protocol):
@@ -297,7 +299,9 @@ class Pipeline:
         )
         result: GenerationResult | None = None
         first_token_ms = 0.0
-        stream = self.engine.stream(prompt.token_ids, params, namespace=namespace)
+        public = self._public_tokens(prompt)
+        shared = {"public_prefix": public} if public else {}
+        stream = self.engine.stream(prompt.token_ids, params, namespace=namespace, **shared)
         try:
             for event in stream:
                 if event.ttft_s is not None:
@@ -326,7 +330,21 @@ class Pipeline:
         probe = getattr(self.engine, "cached_prefix_length", None)
         if probe is None:
             return None
+        if self._shares_public():
+            return lambda ids: max(probe(ids, namespace), probe(ids, public=True))
         return lambda ids: probe(ids, namespace)
+
+    def _shares_public(self) -> bool:
+        """Public-prefix sharing is configured and the engine implements it."""
+        if not self.config.public_collections:
+            return False
+        return "public_prefix" in inspect.signature(self.engine.stream).parameters
+
+    def _public_tokens(self, prompt: Prompt) -> int:
+        """Leading tokens of ``prompt`` the engine may share across tenants (0: none)."""
+        if not self._shares_public():
+            return 0
+        return public_prefix_length(prompt, set(self.config.public_collections))
 
 
 def _source(chunk: Any) -> Source:

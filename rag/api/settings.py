@@ -160,6 +160,12 @@ class Settings(BaseSettings):
         unknown = sorted(set(self.tenant_collections) - tenants)
         if unknown:
             raise ValueError(f"tenant_collections names tenants that no API key maps to: {unknown}")
+        private = sorted(set(self.rag.public_collections) - {self.shared_collection})
+        if tenants and private:
+            raise ValueError(
+                f"rag.public_collections may only name the shared collection, not {private}: their KV "
+                "would be shared with every tenant (use public_prefix_cache)"
+            )
         return self
 
     @model_validator(mode="after")

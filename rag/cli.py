@@ -16,6 +16,7 @@ app = typer.Typer(
 console = Console()
 
 INDEX_HELP = "index directory (default: $PREFIXRAG_HOME/indexes/default)"
+COLLECTION_HELP = "the collection to add to (default: 'default'); e.g. 'shared', which every tenant reads"
 
 
 def _quiet_libraries() -> None:
@@ -47,15 +48,17 @@ def _main() -> None:
 def ingest(
     paths: list[Path] = typer.Argument(..., help="files (.txt .md .html .pdf) and folders, recursively"),
     index: Path = typer.Option(None, "--index", help=INDEX_HELP),
+    collection: str = typer.Option("default", "--collection", help=COLLECTION_HELP),
 ) -> None:
-    """Add documents to an index (unchanged files are skipped; changed ones replace their chunks)."""
+    """Add documents to a collection of an index (unchanged files are skipped; changed ones replace
+    their chunks)."""
     from rag.config import RAGConfig
     from rag.pipeline import Pipeline
 
     target = _index_dir(index)
     pipeline = Pipeline.from_config(RAGConfig(index_dir=target))
     try:
-        result = pipeline.ingest(paths, show_progress=True)
+        result = pipeline.ingest(paths, collection=collection, show_progress=True)
     except (FileNotFoundError, ValueError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
@@ -63,7 +66,7 @@ def ingest(
     pipeline.save(target)
     console.print(
         f"{stats.added} added, {stats.updated} updated, {stats.unchanged} unchanged "
-        f"({stats.chunks_embedded} chunks embedded, {stats.seconds:.1f} s) -> {target}"
+        f"({stats.chunks_embedded} chunks embedded, {stats.seconds:.1f} s) -> {target} (collection {collection})"
     )
     for skipped in result.skipped:
         console.print(f"[yellow]skipped[/] {skipped.path}: {skipped.reason}")
@@ -76,6 +79,9 @@ def ask(
     top_k: int = typer.Option(4, "--top-k", min=1, max=64, help="chunks to ground the answer on"),
     stream: bool = typer.Option(False, "--stream", help="print the answer as it is generated"),
     max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="answer length cap"),
+    collection: list[str] = typer.Option(
+        None, "--collection", help="search only this collection (repeat for several; default: all)"
+    ),
 ) -> None:
     """Answer a question from an index: answer, sources, TTFT and cached tokens."""
     from rag.config import RAGConfig
@@ -84,11 +90,13 @@ def ask(
 
     target = _index_dir(index)
     pipeline = Pipeline.from_config(RAGConfig(index_dir=target, max_tokens=max_tokens))
-    if not len(pipeline.kb):
-        console.print(f"[yellow]note:[/] no documents in {target}; answering without sources")
+    collections = collection or None
     try:
+        if not pipeline.count_documents(collections):
+            where = f"collections {', '.join(collections)} of {target}" if collections else str(target)
+            console.print(f"[yellow]note:[/] no documents in {where}; answering without sources")
         answer = None
-        for event in pipeline.stream(question, top_k):
+        for event in pipeline.stream(question, top_k, collections=collections):
             if event.type == "delta" and stream:
                 console.print(event.text, end="", soft_wrap=True, highlight=False)
             answer = event.answer or answer

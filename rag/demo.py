@@ -11,6 +11,7 @@ from rich.table import Table
 
 from engine.paths import prefixrag_home
 from rag.config import RAGConfig
+from rag.ingestion.documents import DEFAULT_COLLECTION
 from rag.ingestion.loaders import load_python_reference
 from rag.pipeline import Answer, Pipeline
 
@@ -91,7 +92,8 @@ def print_sources(console: Console, answer: Answer) -> None:
     table.add_column("score", justify="right", no_wrap=True, width=6)
     table.add_column("excerpt", overflow="ellipsis", no_wrap=True, ratio=1)
     for n, src in enumerate(answer.sources, 1):
-        table.add_row(str(n), src.doc_id, f"{src.score:.2f}", " ".join(src.text.split())[:200])
+        where = src.doc_id if src.collection == DEFAULT_COLLECTION else f"{src.collection}/{src.doc_id}"
+        table.add_row(str(n), where, f"{src.score:.2f}", " ".join(src.text.split())[:200])
     console.print(table)
 
 

@@ -207,6 +207,38 @@ def bench_router(
     console.print(f"report: {out / 'router.md'}")
 
 
+@app.command("bench-collections")
+def bench_collections(
+    out: Path = typer.Option(
+        Path("bench-results/collections"), "--out", help="directory for collections.md/.json"
+    ),
+    chunks: int = typer.Option(100_000, "--chunks", min=4, help="vectors in all collections together"),
+    collections: int = typer.Option(50, "--collections", min=2, help="collections they are spread over"),
+    queries: int = typer.Option(200, "--queries", min=1, help="queries, each timed for every method"),
+    bm25: bool = typer.Option(True, "--bm25/--no-bm25", help="also time BM25 per collection vs shared"),
+) -> None:
+    """Search latency and recall of one tenant's collections: per-collection indexes vs a shared one."""
+    import json
+    import shlex
+    import sys
+
+    from rag.benchmark.collections import CollectionsBenchConfig, run_collections_bench
+    from rag.benchmark.collections_report import collections_report, collections_table
+
+    try:
+        config = CollectionsBenchConfig(chunks=chunks, collections=collections, queries=queries, bm25=bm25)
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    results = run_collections_bench(config, progress=console.print)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "prefixrag " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    (out / "collections.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    (out / "collections.md").write_text(collections_report(results, command), encoding="utf-8")
+    console.print(collections_table(results["dense"]), soft_wrap=True)
+    console.print(f"report: {out / 'collections.md'}")
+
+
 @app.command()
 def bench(
     quick: bool = typer.Option(False, "--quick", help="under 3 minutes: fewer requests and measured configs"),

@@ -1,0 +1,60 @@
+"""Markdown report of `prefixrag bench-collections` (``rag.benchmark.collections``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def collections_table(rows: list[dict[str, Any]], baseline: str = "per-collection") -> str:
+    """One row per (method, scope): p50/p95/mean latency, its ratio to ``baseline``'s p50, recall@k.
+
+    >>> rows = [{"method": "per-collection", "scope": "own", "p50_ms": 0.5, "p95_ms": 0.7, "mean_ms": 0.55,
+    ...          "recall": 1.0, "queries": 10},
+    ...         {"method": "shared", "scope": "own", "p50_ms": 5.0, "p95_ms": 6.0, "mean_ms": 5.1,
+    ...          "recall": 0.9, "queries": 10}]
+    >>> print(collections_table(rows).splitlines()[3])
+    | shared | own | 5.000 | 6.000 | 5.100 | 10.0x | 0.900 | 10 |
+    """
+    base = {r["scope"]: r["p50_ms"] for r in rows if r["method"] == baseline}
+    lines = [
+        "| method | collections read | p50 ms | p95 ms | mean ms | p50 vs per-collection | recall@k | queries |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["scope"], r["method"] != baseline, r["p50_ms"])):
+        ratio = f"{r['p50_ms'] / base[r['scope']]:.1f}x" if base.get(r["scope"]) else "-"
+        recall = "-" if r["recall"] is None else f"{r['recall']:.3f}"
+        lines.append(
+            f"| {r['method']} | {r['scope']} | {r['p50_ms']:.3f} | {r['p95_ms']:.3f} | {r['mean_ms']:.3f} "
+            f"| {ratio} | {recall} | {r['queries']} |"
+        )
+    return "\n".join(lines)
+
+
+def collections_report(results: dict[str, Any], command: str) -> str:
+    """The whole report: setup, the dense table, the BM25 table."""
+    c = results["config"]
+    per = c["chunks"] // c["collections"]
+    build = ", ".join(f"{name} {s:.1f} s" for name, s in results["build_s"].items())
+    parts = [
+        "# Collections at scale: per-collection indexes vs one shared index",
+        "",
+        f"`{command}`: {c['chunks']:,} chunks ({c['dim']}-dim unit vectors, synthetic) in {c['collections']} "
+        f"collections of {per:,}; {c['queries']} queries, top {c['top_k']}, half reading the tenant's own "
+        "collection, half its own plus the shared one. Every method answers every query in a rotating "
+        "order (side by side, one process); recall is against an exact search of the allowed rows. "
+        f"FAISS threads: {results['faiss_threads']}; the shared index is `{results['shared_index_kind']}` "
+        f"at this size. Index builds: {build}.",
+        "",
+        "## Dense (FAISS)",
+        "",
+        collections_table(results["dense"]),
+    ]
+    if "bm25" in results:
+        parts += [
+            "",
+            f"## BM25 ({c['words_per_text']} Zipf words per text, {c['vocabulary']:,}-word vocabulary, "
+            "3-word queries)",
+            "",
+            collections_table(results["bm25"]),
+        ]
+    return "\n".join(parts) + "\n"

@@ -98,7 +98,7 @@ def run_collections_bench(
         "shared flat, post-filter": _post_filter(flat, corpus, config.top_k),
         "shared flat, IDSelector": _selector(flat, corpus, config.top_k, faiss.SearchParameters),
         "shared HNSW, post-filter": _post_filter(graph, corpus, config.top_k),
-        "shared HNSW, IDSelector": _selector(graph, corpus, config.top_k, faiss.SearchParametersHNSW),
+        "shared HNSW, IDSelector": _selector(graph, corpus, config.top_k, faiss.SearchParametersHNSW),  # type: ignore[attr-defined]
     }
     progress(f"{config.queries} queries x {len(methods)} methods (side by side) ...")
     dense = _measure_dense(methods, corpus, config, rng)
@@ -171,7 +171,7 @@ def _selector(index: VectorIndex, corpus: _Corpus, k: int, params_type: Any) -> 
         rows = corpus.rows(allowed).astype(np.int64)
         params = params_type()
         params.sel = faiss.IDSelectorBatch(rows)
-        if isinstance(params, faiss.SearchParametersHNSW):
+        if isinstance(params, faiss.SearchParametersHNSW):  # type: ignore[attr-defined]
             params.efSearch = index.hnsw_params["ef_search"]
         _, found = index._faiss.search(query.reshape(1, -1), k, params=params)
         return [corpus.keys[r] for r in found[0].tolist() if r >= 0]

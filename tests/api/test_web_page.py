@@ -101,3 +101,59 @@ def test_ask_in_the_browser(server, browser, tmp_path):
     page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
     assert not errors, errors
     page.close()
+
+
+def test_the_page_shows_the_callers_collections(serve, engine, browser, tmp_path):
+    """With tenant keys: the page lists the key's collections (its own, the shared one read-only),
+    uploads into its own, and a question narrowed to one collection cites only that one."""
+    import httpx
+
+    from rag.api.pipeline_factory import build_pipeline
+
+    alice, admin = "sk-alice-web-0001", "sk-admin-web-0001"
+    settings = Settings(
+        api_keys={alice: "alice", "sk-bob-web-00002": "bob"},
+        admin_key=admin,
+        index_dir=tmp_path / "index",
+        rag={"max_tokens": 8},
+    )
+    with serve(settings, pipeline=build_pipeline(settings, engine)) as srv:
+        added = httpx.post(
+            srv.url + "/v1/documents?collection=shared",
+            json=DOCS,
+            headers={"Authorization": f"Bearer {admin}"},
+            timeout=120,
+        )
+        assert added.status_code == 201, added.text
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(srv.url + "/")
+        page.locator("#key-panel summary").click()
+        page.fill("#api-key", alice)
+        page.dispatch_event("#api-key", "change")
+        page.locator("#docs-panel summary").click()
+        listing = page.locator("#collection-list")
+        sync_api.expect(listing).to_contain_text("alice (yours): 0 documents", timeout=15_000)
+        sync_api.expect(listing).to_contain_text("shared (read-only): 2 documents")
+        assert page.locator("#upload-target option").all_inner_texts() == ["alice"]  # writable ones only
+        assert page.locator("#scope option").all_inner_texts() == ["all my collections", "alice", "shared"]
+        upload = tmp_path / "mine.md"
+        upload.write_text(
+            "# Mine\n\nAlice's lighthouse note: the lamp was replaced in 1990.", encoding="utf-8"
+        )
+        page.set_input_files("#upload", str(upload))
+        page.locator("#upload-form button").click()
+        sync_api.expect(page.locator("#doc-status")).to_contain_text("added 1 to alice", timeout=60_000)
+        sync_api.expect(listing).to_contain_text("alice (yours): 1 document")
+        sync_api.expect(page.locator("#doc-list")).to_contain_text("alice · ")
+
+        page.select_option("#scope", "shared")
+        page.fill("#question", "How tall is the Kerbrat lighthouse?")
+        page.press("#question", "Enter")
+        sync_api.expect(page.locator("#answer")).not_to_have_class(STREAMING, timeout=120_000)
+        cited = page.locator("#sources .src-id").all_inner_texts()
+        assert cited and all(c.startswith("shared / ") for c in cited), cited
+        page.screenshot(path=str(tmp_path / "collections.png"), full_page=True)
+        assert not errors, errors
+        page.close()

@@ -339,7 +339,9 @@ class Engine:
         req.phases["insert"] = req.phases.get("insert", 0.0) + time.perf_counter() - clock
 
     def _match(self, req: Request) -> Any:
-        """Longest cached prefix, capped so at least one prompt token is computed; locked for the request."""
+        """Longest cached prefix, capped so at least one prompt token is computed; locked for the request.
+        It comes from the request's namespace, or from the public one when that holds more of the
+        request's public prefix."""
         if not self.caching:
             return _NO_MATCH
         namespace, cap = req.namespace, len(req.prompt_ids) - 1

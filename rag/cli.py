@@ -225,6 +225,8 @@ def bench_collections(
     from rag.benchmark.collections import CollectionsBenchConfig, run_collections_bench
     from rag.benchmark.collections_report import collections_report, collections_table
 
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs each index build: one per collection
+
     try:
         config = CollectionsBenchConfig(chunks=chunks, collections=collections, queries=queries, bm25=bm25)
     except ValueError as exc:

@@ -122,6 +122,7 @@ class Pipeline:
         self.kb = knowledge_base or KnowledgeBase(self.config)
         self._engine = engine
         self._assembler: PromptAssembler | None = None
+        self._engine_shares: bool | None = None  # whether the engine takes public_prefix
         self._lock = threading.Lock()
 
     @classmethod
@@ -338,7 +339,9 @@ class Pipeline:
         """Public-prefix sharing is configured and the engine implements it."""
         if not self.config.public_collections:
             return False
-        return "public_prefix" in inspect.signature(self.engine.stream).parameters
+        if self._engine_shares is None:
+            self._engine_shares = "public_prefix" in inspect.signature(self.engine.stream).parameters
+        return self._engine_shares
 
     def _public_tokens(self, prompt: Prompt) -> int:
         """Leading tokens of ``prompt`` the engine may share across tenants (0: none)."""

@@ -42,7 +42,7 @@ class Access:
     def can_read(self, name: str) -> bool:
         return self.read is None or name in self.read or self.can_write(name)
 
-    def readable(self, existing: Iterable[str]) -> list[str]:
+    def readable_collections(self, existing: Iterable[str]) -> list[str]:
         """Every collection it may read, its home first: the granted ones (stored or not yet), or
         with access to all, the ``existing`` ones."""
         names = list(existing) if self.read is None else sorted(self.read | (self.write or frozenset()))
@@ -69,7 +69,7 @@ def access_for(principal: Principal, settings: Settings) -> Access:
 # ---- the checks routers apply (HTTP errors) --------------------------------------------------------
 
 
-def readable(access: Access, name: str) -> str:
+def require_readable(access: Access, name: str) -> str:
     """``name`` if the caller may read it, else 404 (the same answer as for a collection that does not
     exist)."""
     if not access.can_read(name):
@@ -82,7 +82,7 @@ def readable(access: Access, name: str) -> str:
     return name
 
 
-def writable(access: Access, name: str | None) -> str:
+def write_target(access: Access, name: str | None) -> str:
     """The collection a write goes to (``name``, else the caller's home): 404 if it may not read it,
     403 if it may only read it."""
     target = name if name is not None else access.home
@@ -90,7 +90,7 @@ def writable(access: Access, name: str | None) -> str:
         raise api_error(
             403, "this key may not add or delete documents anywhere", param="collection", code="read_only_key"
         )
-    readable(access, target)
+    require_readable(access, target)
     if not access.can_write(target):
         raise api_error(
             403,
@@ -105,7 +105,7 @@ def search_scope(access: Access, requested: Sequence[str] | None) -> list[str] |
     """The collections a search reads: the ``requested`` ones (each must be readable: 404 otherwise),
     else every readable one (None: every collection)."""
     if requested is not None:
-        return [readable(access, name) for name in dict.fromkeys(requested)]
+        return [require_readable(access, name) for name in dict.fromkeys(requested)]
     if access.read is None:
         return None
-    return access.readable(())
+    return access.readable_collections(())

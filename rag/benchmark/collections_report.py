@@ -48,6 +48,11 @@ def collections_report(results: dict[str, Any], command: str) -> str:
         "## Dense (FAISS)",
         "",
         collections_table(results["dense"]),
+        "",
+        "Per-collection indexes below `hnsw_threshold` are exact and read only the tenant's rows. Random "
+        "vectors have no neighbourhood structure, the hardest case for a graph index: the shared HNSW "
+        "rows' recall is a property of these data, and a filter cannot raise it. A post-filter has to "
+        "fetch about as many hits as there are collections per hit it keeps.",
     ]
     if "bm25" in results:
         parts += [

@@ -245,7 +245,8 @@ class KnowledgeBase:
             return [name for name, coll in self._collections.items() if len(coll)]
 
     def collection(self, name: str) -> Collection | None:
-        """The named collection's store and indexes (read them under no other lock than this KB's)."""
+        """The named collection's documents, chunks and indexes, or None (to inspect: change them only
+        through the KnowledgeBase, which keeps them in step)."""
         return self._collections.get(check_collection(name))
 
     def count(self, collections: Iterable[str] | None = None) -> int:

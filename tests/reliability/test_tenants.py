@@ -22,6 +22,7 @@ import pytest
 
 from rag.api import Settings
 from rag.api.pipeline_factory import build_pipeline
+from tests.api.conftest import make_engine
 from tests.api.helpers import assert_error, wait_until
 from tests.reliability import support
 
@@ -390,3 +391,40 @@ def test_sigkill_mid_write_keeps_every_acknowledged_document_in_its_own_collecti
             + ", ".join(f"{t} {len(d)}" for t, d in writers.acked.items())
             + "; all back in their own collections after the restart"
         )
+
+
+@pytest.mark.parametrize("public", [False, True])
+def test_tenants_share_the_public_prefix_only_when_the_operator_turns_it_on(
+    serve, loaded_model, tmp_path, public
+):
+    question = {"question": "When does the Harwick ferry leave?", "max_tokens": 2, "collections": ["shared"]}
+
+    def cached(srv: Any, key: str) -> int:
+        reply = httpx.post(srv.url + "/v1/ask", json=question, headers=_auth(key), timeout=120)
+        assert reply.status_code == 200, reply.text
+        return int(reply.json()["usage"]["cached_tokens"])
+
+    settings = Settings(
+        api_keys=KEYS,
+        admin_key=ADMIN,
+        index_dir=tmp_path / "index",
+        warm_up=False,
+        public_prefix_cache=public,
+    )
+    engine = make_engine(loaded_model)  # its own cache: nothing else warms it
+    pipeline = build_pipeline(settings, engine)
+    assert pipeline.config.public_collections == (["shared"] if public else [])
+    try:
+        with serve(settings, pipeline=pipeline) as srv:
+            added = httpx.post(
+                srv.url + "/v1/documents?collection=shared", json=[HANDBOOK], headers=_auth(ADMIN)
+            )
+            assert added.status_code == 201, added.text
+            assert cached(srv, CAROL) == 0
+            first = cached(srv, ALICE)  # the very prompt carol's request just cached, in alice's namespace
+            if not public:
+                assert first == 0  # the default: tenants' caches stay separate
+            else:  # the system prompt and the shared chunk, never carol's question
+                assert 0 < first < cached(srv, ALICE)  # alice's own repeat reuses more
+    finally:
+        engine.close()

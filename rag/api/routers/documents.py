@@ -17,7 +17,7 @@ import anyio
 from fastapi import APIRouter, Query, Request
 from pydantic import TypeAdapter, ValidationError
 
-from rag.api.access import Access, readable, writable
+from rag.api.access import Access, require_readable, write_target
 from rag.api.deps import AccessDep, ServicesDep, SettingsDep
 from rag.api.documents_io import UploadError, documents_from_json, documents_from_upload, info_out, persist
 from rag.api.errors import ERROR_RESPONSES, ErrorResponse, api_error, format_loc
@@ -97,7 +97,7 @@ async def add_documents(
     """Add or update documents in a collection the caller may write: a JSON list of
     ``{id?, text, metadata?}`` (or ``{"documents": [...]}``), or a multipart upload of files (field
     ``file``; .txt, .md, .html, .pdf). An id already used in another collection is another document."""
-    target = writable(access, collection)
+    target = write_target(access, collection)
     pipeline = services.ready_pipeline()
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
@@ -123,7 +123,11 @@ async def list_documents(
     pipeline = services.ready_pipeline()
 
     def infos() -> list[Any]:
-        names = [readable(access, collection)] if collection else access.readable(pipeline.collections())
+        names = (
+            [require_readable(access, collection)]
+            if collection
+            else access.readable_collections(pipeline.collections())
+        )
         return list(pipeline.list_documents(names))
 
     return DocumentList(
@@ -138,7 +142,7 @@ async def get_document(
     """One document, with its text: from the collection named, else the first of the caller's
     collections holding that id (its own collection first)."""
     pipeline = services.ready_pipeline()
-    names = [readable(access, collection)] if collection else None
+    names = [require_readable(access, collection)] if collection else None
     found = await anyio.to_thread.run_sync(_find, pipeline, access, doc_id, names, limiter=services.limiter)
     if found is None:
         raise _not_found(doc_id)
@@ -157,7 +161,7 @@ async def delete_document(
     collection: CollectionQuery = None,
 ) -> DeletedDocument:
     """Remove a document and its chunks from a collection the caller may write (default: its own)."""
-    target = writable(access, collection)
+    target = write_target(access, collection)
     pipeline = services.ready_pipeline()
     deleted = await _write(services, settings, lambda: pipeline.delete_document(doc_id, collection=target))
     if not deleted:
@@ -171,7 +175,7 @@ async def list_collections(services: ServicesDep, access: AccessDep) -> Collecti
     pipeline = services.ready_pipeline()
 
     def collections() -> list[CollectionOut]:
-        names = access.readable(pipeline.collections())
+        names = access.readable_collections(pipeline.collections())
         return [
             CollectionOut(
                 name=name,
@@ -188,7 +192,7 @@ async def list_collections(services: ServicesDep, access: AccessDep) -> Collecti
 def _find(pipeline: Any, access: Access, doc_id: str, names: list[str] | None) -> tuple[Any, str, int] | None:
     """The document, its collection and its chunk count, searching ``names`` (default: the caller's
     readable collections, its own first); None when none of them holds ``doc_id``."""
-    for name in names if names is not None else access.readable(pipeline.collections()):
+    for name in names if names is not None else access.readable_collections(pipeline.collections()):
         doc = pipeline.get_document(doc_id, collection=name)
         if doc is not None:
             return doc, name, len(pipeline.chunks_of(doc_id, collection=name))

@@ -11,7 +11,7 @@ from rag.api.access import search_scope
 from rag.api.bridge import SSE_HEADERS, ClosingStreamingResponse
 from rag.api.chat_retrieval import grounded_chat
 from rag.api.deps import AccessDep, EngineDep, PrincipalDep, ServicesDep, SettingsDep
-from rag.api.errors import ERROR_RESPONSES, api_error
+from rag.api.errors import ERROR_RESPONSES, ErrorResponse, api_error
 from rag.api.generation import Generation
 from rag.api.openai_compat import (
     chat_messages,
@@ -37,7 +37,17 @@ from rag.api.schemas.openai import (
 from rag.api.services import Services
 from rag.api.sse import chat_frames, completion_frames, guarded, openai_error_frames
 
-router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/v1",
+    tags=["openai"],
+    responses={
+        **ERROR_RESPONSES,
+        404: {
+            "model": ErrorResponse,
+            "description": "Unknown model, or `collections` names a collection not readable with this key",
+        },
+    },
+)
 
 _SSE_DOC: dict[int | str, dict[str, Any]] = {
     200: {"description": "JSON, or server-sent events with stream=true", "content": {"text/event-stream": {}}}

@@ -22,13 +22,10 @@ def _quiet_libraries() -> None:
     """Keep the terminal for our output: no per-shard progress bars or advisory warnings from HF."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    try:
-        from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging
 
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover
-        pass
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
@@ -73,9 +70,13 @@ def ingest(
 def ask(
     question: str = typer.Argument(..., help="the question"),
     index: Path = typer.Option(None, "--index", help=INDEX_HELP),
-    top_k: int = typer.Option(4, "--top-k", min=1, max=64, help="chunks to ground the answer on"),
+    top_k: int = typer.Option(
+        None, "--top-k", min=1, max=64, help="chunks to ground the answer on (default: RAGConfig.top_k)"
+    ),
     stream: bool = typer.Option(False, "--stream", help="print the answer as it is generated"),
-    max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="answer length cap"),
+    max_tokens: int = typer.Option(
+        None, "--max-tokens", min=1, help="answer length cap (default: RAGConfig.max_tokens)"
+    ),
 ) -> None:
     """Answer a question from an index: answer, sources, TTFT and cached tokens."""
     from rag.config import RAGConfig
@@ -83,12 +84,13 @@ def ask(
     from rag.pipeline import Pipeline
 
     target = _index_dir(index)
-    pipeline = Pipeline.from_config(RAGConfig(index_dir=target, max_tokens=max_tokens))
+    pipeline = Pipeline.from_config(RAGConfig(index_dir=target))
     if not len(pipeline.kb):
         console.print(f"[yellow]note:[/] no documents in {target}; answering without sources")
     try:
         answer = None
-        for event in pipeline.stream(question, top_k):
+        params = pipeline.config.sampling_params(max_tokens=max_tokens)
+        for event in pipeline.stream(question, top_k, params=params):
             if event.type == "delta" and stream:
                 console.print(event.text, end="", soft_wrap=True, highlight=False)
             answer = event.answer or answer

@@ -21,7 +21,7 @@ from rag.config import RAGConfig
 from rag.ingestion.documents import Document, ScoredChunk
 from rag.ingestion.loaders import LoadResult
 from rag.ingestion.store import DocumentInfo, KnowledgeBase
-from rag.prompt.assembler import Prompt, PromptAssembler
+from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler
 
 
 class GenerationBackend(Protocol):
@@ -37,7 +37,12 @@ class GenerationBackend(Protocol):
 
 @dataclass(frozen=True)
 class Source:
-    """A chunk the answer may cite: ``[n]`` in the text refers to ``sources[n - 1]``."""
+    """A chunk the answer may cite: ``[n]`` in the text refers to ``sources[n - 1]``.
+
+    ``score`` is the cosine similarity of the question's and the chunk's embeddings, in [-1, 1] (higher
+    is closer): the same measure whatever retrieval mode, fusion or reranker picked the chunk and
+    however many candidates there were. Sources are listed in prompt order, not by score.
+    """
 
     doc_id: str
     chunk_id: str
@@ -202,11 +207,9 @@ class Pipeline:
 
     # ---- questions ----------------------------------------------------------------------------
     def retrieve(self, question: str, top_k: int | None = None) -> list[ScoredChunk]:
-        """The chunks an answer would be grounded on, best first."""
-        if len(self.kb) == 0:
-            _check_top_k(top_k)
-            return []
-        return self.kb.search(question, top_k)
+        """The chunks an answer would be grounded on, best first (``top_k`` defaults to the config's)."""
+        top_k = self.config.resolve_top_k(top_k)
+        return self.kb.search(question, top_k) if len(self.kb) else []
 
     def assemble(self, question: str, chunks: Sequence[ScoredChunk], namespace: str = "") -> Prompt:
         """The prompt (token ids + segments) the engine would get for these chunks."""
@@ -239,14 +242,18 @@ class Pipeline:
         *,
         params: SamplingParams | None = None,
     ) -> Iterator[PipelineEvent]:
-        """Yield the sources, then text deltas, then the full Answer. Closing early cancels generation."""
+        """Yield the sources, then text deltas, then the full Answer. Closing early cancels generation.
+
+        ``params`` default to ``config.sampling_params()``; derive others from it
+        (``config.sampling_params(max_tokens=...)``) to keep the pipeline's other settings.
+        """
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
-        _check_top_k(top_k)
-        return self._stream(question, top_k, namespace, params)
+        top_k = self.config.resolve_top_k(top_k)
+        return self._stream(question, top_k, namespace, params or self.config.sampling_params())
 
     def _stream(
-        self, question: str, top_k: int | None, namespace: str, params: SamplingParams | None
+        self, question: str, top_k: int, namespace: str, params: SamplingParams
     ) -> Iterator[PipelineEvent]:
         t0 = time.perf_counter()
         if len(self.kb):
@@ -257,12 +264,8 @@ class Pipeline:
         t1 = time.perf_counter()
         prompt = self.assemble(question, hits, namespace)
         assemble_ms = 1000 * (time.perf_counter() - t1)
-        sources = [_source(c) for c in prompt.chunks]
+        sources = self._sources(question, prompt.chunks)
         yield PipelineEvent("sources", sources=sources)
-        cfg = self.config
-        params = params or SamplingParams(
-            max_tokens=cfg.max_tokens, temperature=cfg.temperature, repetition_penalty=cfg.repetition_penalty
-        )
         result: GenerationResult | None = None
         first_token_ms = 0.0
         stream = self.engine.stream(prompt.token_ids, params, namespace=namespace)
@@ -290,6 +293,10 @@ class Pipeline:
         answer = Answer(result.text, sources, usage, timings, result.finish_reason)
         yield PipelineEvent("done", answer=answer)
 
+    def _sources(self, question: str, chunks: Sequence[ChunkLike]) -> list[Source]:
+        similarity = self.kb.similarity(question, [c.chunk_id for c in chunks]) if chunks else {}
+        return [_source(c, similarity.get(c.chunk_id, 0.0)) for c in chunks]
+
     def _probe(self, namespace: str) -> Any:
         probe = getattr(self.engine, "cached_prefix_length", None)
         if probe is None:
@@ -297,19 +304,14 @@ class Pipeline:
         return lambda ids: probe(ids, namespace)
 
 
-def _source(chunk: Any) -> Source:
+def _source(chunk: Any, score: float) -> Source:
     return Source(
         doc_id=str(chunk.doc_id),
         chunk_id=str(chunk.chunk_id),
-        score=float(chunk.score),
+        score=float(score),
         text=str(chunk.text),
         metadata=dict(getattr(chunk, "metadata", {}) or {}),
     )
-
-
-def _check_top_k(top_k: int | None) -> None:
-    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k <= 0):
-        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
 
 
 def _has_index(directory: str | os.PathLike[str]) -> bool:

@@ -17,7 +17,6 @@ from typing import Any
 import anyio
 from starlette.requests import Request
 
-from engine.sampling import SamplingParams
 from rag.api.bridge import iterate_in_thread, run_until_disconnect
 from rag.api.errors import InvalidRequest
 from rag.api.limits import Slot
@@ -63,13 +62,9 @@ class AskRun:
     ) -> AskRun:
         """Admit, start the pipeline stream and take its first event (the sources), so that retrieval
         errors and a full queue are answered with their status rather than in-band."""
+        params = pipeline.config.sampling_params(max_tokens=max_tokens)  # the pipeline's, one cap replaced
+        kwargs: dict[str, Any] = {"top_k": top_k, "namespace": namespace, "params": params}
         slot = services.admission.enter()
-        kwargs: dict[str, Any] = {"top_k": top_k, "namespace": namespace}
-        if max_tokens is not None:  # the pipeline's own temperature, a shorter (or longer) answer
-            config = getattr(pipeline, "config", None)
-            kwargs["params"] = SamplingParams(
-                max_tokens=max_tokens, temperature=float(getattr(config, "temperature", 0.0))
-            )
 
         def begin() -> tuple[Iterator[Any], Any]:
             it = iter(pipeline.stream(question, **kwargs))

@@ -49,7 +49,7 @@ from rag.retrieval.embedder import Embedder
 from rag.retrieval.factory import make_reranker, make_retriever
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import Reranker
-from rag.retrieval.retriever import Retriever, check_query
+from rag.retrieval.retriever import DenseRetriever, Retriever, check_query
 
 _EMBED_CALL = 256  # texts per embed() call (progress granularity; the model batches inside)
 
@@ -262,7 +262,7 @@ class KnowledgeBase:
         rerank: bool | None = None,
     ) -> SearchResult:
         """``search`` that also reports how long the first stage and the reranker took."""
-        top_k = self.config.top_k if top_k is None else top_k
+        top_k = self.config.resolve_top_k(top_k)
         check_query(query, top_k)
         use_reranker = self.config.reranker != "none" if rerank is None else rerank
         t0 = time.perf_counter()
@@ -278,17 +278,23 @@ class KnowledgeBase:
         self, query: str, top_k: int | None = None, mode: RetrievalMode | None = None
     ) -> list[ScoredChunk]:
         """First-stage retrieval only (no reranking), best first."""
-        top_k = self.config.top_k if top_k is None else top_k
+        top_k = self.config.resolve_top_k(top_k)
         check_query(query, top_k)
         with self._lock:
             return self.retriever(mode).retrieve(query, top_k)
 
     def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int | None = None) -> list[ScoredChunk]:
         """Apply the configured reranker to first-stage hits."""
-        top_k = self.config.top_k if top_k is None else top_k
+        top_k = self.config.resolve_top_k(top_k)
         check_query(query, top_k)
         with self._lock:
             return self.reranker.rerank(query, hits, top_k)
+
+    def similarity(self, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:
+        """Cosine similarity of ``query`` with each chunk's embedding, in [-1, 1]: unlike a fused or
+        reranked score it does not depend on the other candidates (``Source.score`` reports it)."""
+        with self._lock:
+            return DenseRetriever(self.embedder, self._vector_index(), self._chunks).score(query, chunk_ids)
 
     def retriever(self, mode: RetrievalMode | None = None, fusion: Fusion | None = None) -> Retriever:
         """The first-stage retriever for ``mode`` (default: the config's), over this knowledge base;

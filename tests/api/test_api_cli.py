@@ -48,6 +48,8 @@ def test_serve_command(tmp_path):
         reply = httpx.post(url + "/v1/completions", json={"prompt": "Hello,", "max_tokens": 3}, timeout=60)
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] >= 1
+        cache = httpx.get(url + "/v1/cache").json()["cache"]
+        assert cache["capacity_bytes"] == 64 << 20  # PREFIXRAG_ENGINE__CACHE_BYTES reached the engine
         assert httpx.get(url + "/").status_code == 200
     finally:
         proc.send_signal(signal.SIGINT)
@@ -76,3 +78,26 @@ def test_serve_rejects_bad_settings():
     )
     assert proc.returncode == 2
     assert "8 characters" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "named", "instead"),
+    [
+        ("PREFIXRAG_RAG__ENGINE__CACHE_BYTES", "PREFIXRAG_RAG__ENGINE__*", "PREFIXRAG_ENGINE__*"),
+        ("PREFIXRAG_RAG__INDEX_DIR", "PREFIXRAG_RAG__INDEX_DIR", "PREFIXRAG_INDEX_DIR"),
+    ],
+)
+def test_serve_refuses_settings_it_would_ignore(variable, named, instead):
+    """The server's engine and index have one source each; the copies nested in rag fail at startup."""
+    env = {**os.environ, variable: "1048576" if "CACHE" in variable else "/tmp/elsewhere"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag.cli", "serve", "--port", "1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    said = " ".join(proc.stdout.split())
+    assert proc.returncode == 2
+    assert f"{named}) is not used by the server: set {instead} instead" in said, said

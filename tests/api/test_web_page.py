@@ -45,7 +45,7 @@ DOCS = [
 def server(serve, engine, tmp_path_factory):
     import httpx
 
-    from rag.api.pipeline_factory import build_pipeline
+    from rag.api.services import build_pipeline
 
     settings = Settings(index_dir=tmp_path_factory.mktemp("web-index"))
     pipeline = build_pipeline(settings, engine)

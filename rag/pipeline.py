@@ -64,8 +64,10 @@ class Usage:
 
 @dataclass(frozen=True)
 class Timings:
-    """Milliseconds. ``ttft_ms``: from the question to the first answer token (retrieval included);
-    ``prefill_ms``: the engine's share of it (queue + prefill of the uncached suffix)."""
+    """Milliseconds (every field; the engine's ``GenerationResult`` reports seconds, ``*_s``).
+
+    ``ttft_ms``: from the question to the first answer token (retrieval included); ``prefill_ms``: the
+    engine's share of it (queue + prefill of the uncached suffix)."""
 
     retrieve_ms: float
     rerank_ms: float

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel
 
+from engine.request import GenerationResult
 from rag.api.bridge import SSE_HEADERS, ClosingStreamingResponse
 from rag.api.deps import EngineDep, PrincipalDep, ServicesDep, SettingsDep
 from rag.api.errors import ERROR_RESPONSES, api_error
@@ -29,6 +33,7 @@ from rag.api.schemas.openai import (
     ModelCard,
     ModelList,
     Usage,
+    finish_reason,
     new_id,
     now,
 )
@@ -71,27 +76,7 @@ async def chat_completions(
     gen = await Generation.start(
         services, "chat", prompt, params, namespace=principal.namespace(body.cache_salt)
     )
-    cid, created = new_id("chatcmpl"), now()
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        frames = chat_frames(gen, chunk_id=cid, created=created, model=model, include_usage=include_usage)
-        return ClosingStreamingResponse(
-            guarded(frames, gen, openai_error_frames), media_type="text/event-stream", headers=SSE_HEADERS
-        )
-    result = await gen.collect(request)
-    if result is None:
-        return Response(status_code=499)
-    return ChatCompletion(
-        id=cid,
-        created=created,
-        model=model,
-        choices=[
-            ChatChoice(
-                message=AssistantMessage(content=result.text), finish_reason=_finish(result.finish_reason)
-            )
-        ],
-        usage=Usage.of(result.prompt_tokens, result.cached_tokens, result.completion_tokens),
-    )
+    return await _reply(gen, request, body, Reply("chatcmpl", model, chat_frames, _chat_completion))
 
 
 @router.post("/completions", response_model=Completion, responses=_SSE_DOC)
@@ -112,25 +97,7 @@ async def completions(
     gen = await Generation.start(
         services, "completions", prompt, params, namespace=principal.namespace(body.cache_salt)
     )
-    cid, created = new_id("cmpl"), now()
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        frames = completion_frames(
-            gen, chunk_id=cid, created=created, model=model, include_usage=include_usage
-        )
-        return ClosingStreamingResponse(
-            guarded(frames, gen, openai_error_frames), media_type="text/event-stream", headers=SSE_HEADERS
-        )
-    result = await gen.collect(request)
-    if result is None:
-        return Response(status_code=499)
-    return Completion(
-        id=cid,
-        created=created,
-        model=model,
-        choices=[CompletionChoice(text=result.text, finish_reason=_finish(result.finish_reason))],
-        usage=Usage.of(result.prompt_tokens, result.cached_tokens, result.completion_tokens),
-    )
+    return await _reply(gen, request, body, Reply("cmpl", model, completion_frames, _completion))
 
 
 @router.get("/models", response_model=ModelList)
@@ -161,5 +128,51 @@ def _check_model(services: Services, requested: str | None) -> str:
     return names[0]
 
 
-def _finish(reason: str) -> str:
-    return reason if reason in ("stop", "length") else "stop"
+@dataclass(frozen=True)
+class Reply:
+    """How one route answers: its id prefix, the served model, its SSE frames and its JSON body."""
+
+    id_prefix: str
+    model: str
+    frames: Callable[..., AsyncIterator[str]]
+    body: Callable[[str, int, str, GenerationResult], BaseModel]
+
+
+async def _reply(
+    gen: Generation, request: Request, body: ChatCompletionRequest | CompletionRequest, reply: Reply
+) -> Any:
+    """Server-sent events with ``stream: true``, else the whole result (499 if the client left first)."""
+    cid, created = new_id(reply.id_prefix), now()
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        frames = reply.frames(
+            gen, chunk_id=cid, created=created, model=reply.model, include_usage=include_usage
+        )
+        return ClosingStreamingResponse(
+            guarded(frames, gen, openai_error_frames), media_type="text/event-stream", headers=SSE_HEADERS
+        )
+    result = await gen.collect(request)
+    if result is None:
+        return Response(status_code=499)
+    return reply.body(cid, created, reply.model, result)
+
+
+def _chat_completion(cid: str, created: int, model: str, r: GenerationResult) -> ChatCompletion:
+    message = AssistantMessage(content=r.text)
+    return ChatCompletion(
+        id=cid,
+        created=created,
+        model=model,
+        choices=[ChatChoice(message=message, finish_reason=finish_reason(r.finish_reason))],
+        usage=Usage.of(r.prompt_tokens, r.cached_tokens, r.completion_tokens),
+    )
+
+
+def _completion(cid: str, created: int, model: str, r: GenerationResult) -> Completion:
+    return Completion(
+        id=cid,
+        created=created,
+        model=model,
+        choices=[CompletionChoice(text=r.text, finish_reason=finish_reason(r.finish_reason))],
+        usage=Usage.of(r.prompt_tokens, r.cached_tokens, r.completion_tokens),
+    )

@@ -13,8 +13,6 @@ from rag.api import Settings
 from rag.api.deps import ANONYMOUS
 from tests.api.helpers import assert_error, wait_until
 
-pipeline_mod = pytest.importorskip("rag.pipeline", reason="rag.pipeline (the Pipeline) is not available yet")
-
 DOCS = [
     {
         "id": "zorblax.md",

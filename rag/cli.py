@@ -110,6 +110,10 @@ def demo(
         None, "--index", help="demo index dir (default: $PREFIXRAG_HOME/indexes/python-reference)"
     ),
     max_tokens: int = typer.Option(96, "--max-tokens", min=1, help="answer length cap"),
+    topics: int = typer.Option(
+        None, "--topics", min=1, help="index only the reference's first N topics (default: all 79)"
+    ),
+    questions: int = typer.Option(None, "--questions", min=1, help="ask only the first N demo questions"),
 ) -> None:
     """Ingest the bundled Python reference, ask questions twice, show cold vs warm TTFT and cache hits."""
     from engine.config import EngineConfig
@@ -117,7 +121,7 @@ def demo(
     from rag.demo import DEMO_QUESTIONS, default_demo_index, run_demo
 
     config = RAGConfig(max_tokens=max_tokens, engine=EngineConfig(model=model))
-    run_demo(console, config, index or default_demo_index(), DEMO_QUESTIONS)
+    run_demo(console, config, index or default_demo_index(), DEMO_QUESTIONS[:questions], topics=topics)
 
 
 @app.command()

@@ -76,7 +76,7 @@ async def chat_completions(
     gen = await Generation.start(
         services, "chat", prompt, params, namespace=principal.namespace(body.cache_salt)
     )
-    return await _reply(gen, request, body, Reply("chatcmpl", model, chat_frames, _chat_completion))
+    return await _reply(gen, request, body, _Reply("chatcmpl", model, chat_frames, _chat_completion))
 
 
 @router.post("/completions", response_model=Completion, responses=_SSE_DOC)
@@ -97,7 +97,7 @@ async def completions(
     gen = await Generation.start(
         services, "completions", prompt, params, namespace=principal.namespace(body.cache_salt)
     )
-    return await _reply(gen, request, body, Reply("cmpl", model, completion_frames, _completion))
+    return await _reply(gen, request, body, _Reply("cmpl", model, completion_frames, _completion))
 
 
 @router.get("/models", response_model=ModelList)
@@ -129,7 +129,7 @@ def _check_model(services: Services, requested: str | None) -> str:
 
 
 @dataclass(frozen=True)
-class Reply:
+class _Reply:
     """How one route answers: its id prefix, the served model, its SSE frames and its JSON body."""
 
     id_prefix: str
@@ -139,7 +139,7 @@ class Reply:
 
 
 async def _reply(
-    gen: Generation, request: Request, body: ChatCompletionRequest | CompletionRequest, reply: Reply
+    gen: Generation, request: Request, body: ChatCompletionRequest | CompletionRequest, reply: _Reply
 ) -> Any:
     """Server-sent events with ``stream: true``, else the whole result (499 if the client left first)."""
     cid, created = new_id(reply.id_prefix), now()

@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.models import DEFAULT_MODEL
+from prefix_cache import CacheConfig
+from prefix_cache.eviction import DEFAULT_ATTENTION_WINDOW
 
 
 class EngineConfig(BaseModel):
@@ -27,6 +29,12 @@ class EngineConfig(BaseModel):
     enable_prefix_cache: bool = True
     page_size: int = Field(default=1, ge=1)
     eviction: Literal["lru", "gdsf"] = "lru"
+    gdsf_attention_window: float = Field(
+        default=DEFAULT_ATTENTION_WINDOW,
+        gt=0,
+        description="eviction='gdsf': the context length (tokens) at which a token's attention costs as "
+        "much as its weight matmuls; deeper prefixes count as costlier to recompute",
+    )
     runner: Literal["auto", "fast", "hf"] = Field(
         default="auto",
         description="'fast': fused Llama-family runner with batched decode; 'hf': transformers forward",
@@ -71,3 +79,16 @@ class EngineConfig(BaseModel):
     num_threads: int | None = Field(
         default=None, ge=1, description="torch intra-op threads (default: all cores)"
     )
+
+    def cache_config(self) -> CacheConfig:
+        """The prefix cache's settings (budget, page size, eviction policy and its parameters).
+
+        >>> EngineConfig(cache_bytes=1 << 20, eviction="gdsf").cache_config().eviction
+        'gdsf'
+        """
+        return CacheConfig(
+            capacity_bytes=self.cache_bytes,
+            page_size=self.page_size,
+            eviction=self.eviction,
+            attention_window=self.gdsf_attention_window,
+        )

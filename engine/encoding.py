@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
+PromptInput = (
+    str | Sequence[int] | Sequence[dict[str, Any]]
+)  # what Engine.generate accepts; rag.Prompt is an assembled prompt
 
 
-def encode_prompt(tokenizer: Any, prompt: Prompt, vocab_size: int) -> list[int]:
+def encode_prompt(tokenizer: Any, prompt: PromptInput, vocab_size: int) -> list[int]:
     """Token ids for ``prompt``; ValueError naming what is wrong with it.
 
     Example:

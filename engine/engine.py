@@ -23,7 +23,7 @@ from engine.block_pool import KVBlockPool
 from engine.buffer_pool import BufferPool
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
-from engine.encoding import Prompt, encode_prompt
+from engine.encoding import PromptInput, encode_prompt
 from engine.fused import FusedLlamaRunner, fused_unsupported_reason
 from engine.kv import BLOCK_TOKENS, KVBuffer
 from engine.memory import trim_heap
@@ -73,11 +73,7 @@ class Engine:
         if self.caching and blocker:
             log.warning("prefix caching turned off for %s: %s", model_id, blocker)
             self.caching = False
-        self.cache = RadixCache(
-            capacity_bytes=self.config.cache_bytes,
-            page_size=self.config.page_size,
-            policy=self.config.eviction,
-        )
+        self.cache = RadixCache.from_config(self.config.cache_config())
         self.eos_ids = _eos_ids(model, tokenizer)
         self.buffers = BufferPool(self.config.buffer_pool_bytes)
         slab = self.config.kv_slab_bytes
@@ -130,13 +126,13 @@ class Engine:
     def max_context(self) -> int:
         return self.runner.max_context
 
-    def encode(self, prompt: Prompt) -> list[int]:
+    def encode(self, prompt: PromptInput) -> list[int]:
         """Token ids for a prompt: text, ids, or chat messages (rendered with the chat template)."""
         return encode_prompt(self.tokenizer, prompt, self.runner.vocab_size)
 
     def generate(
         self,
-        prompt: Prompt,
+        prompt: PromptInput,
         params: SamplingParams | None = None,
         *,
         namespace: str = "",
@@ -147,7 +143,7 @@ class Engine:
 
     def stream(
         self,
-        prompt: Prompt,
+        prompt: PromptInput,
         params: SamplingParams | None = None,
         *,
         namespace: str = "",
@@ -160,7 +156,7 @@ class Engine:
 
     def submit(
         self,
-        prompt: Prompt,
+        prompt: PromptInput,
         params: SamplingParams | None = None,
         *,
         namespace: str = "",

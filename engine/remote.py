@@ -25,18 +25,18 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
 
+from engine.encoding import PromptInput
 from engine.request import EngineError, GenerationResult, QueueFullError, StreamEvent, final_result
 from engine.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
-Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
 PromptFormat = Literal["auto", "token_ids", "text"]
 _FORMATS = ("auto", "token_ids", "text")
 
@@ -109,7 +109,7 @@ class RemoteEngine:
         return self._max_context
 
     # ---- Engine interface -------------------------------------------------------------------
-    def encode(self, prompt: Prompt) -> list[int]:
+    def encode(self, prompt: PromptInput) -> list[int]:
         """Token ids with the local tokenizer, as ``Engine.encode`` computes them."""
         kind, value = _classify(prompt)
         if kind == "text":
@@ -122,13 +122,13 @@ class RemoteEngine:
         return list(value)
 
     def generate(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
+        self, prompt: PromptInput, params: SamplingParams | None = None, *, namespace: str = ""
     ) -> GenerationResult:
         """Run one request to completion (raises EngineError, ValueError or QueueFullError)."""
         return final_result(self.stream(prompt, params, namespace=namespace), self.base_url)
 
     def stream(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
+        self, prompt: PromptInput, params: SamplingParams | None = None, *, namespace: str = ""
     ) -> Iterator[StreamEvent]:
         """Yield text deltas as the server streams them; the last event carries the result.
         Closing the iterator early closes the connection (the server cancels the request)."""
@@ -291,7 +291,7 @@ class _PromptRefused(Exception):
 _DONE: dict[str, Any] = {}  # sentinel chunk for "data: [DONE]"
 
 
-def _classify(prompt: Prompt) -> tuple[str, Any]:
+def _classify(prompt: PromptInput) -> tuple[str, Any]:
     """("text", str) | ("messages", list[dict]) | ("ids", list[int]); ValueError for anything else."""
     if isinstance(prompt, str):
         if not prompt:

@@ -22,6 +22,7 @@ _ids = itertools.count(1)
 class GenerationResult:
     """A finished generation. ``text`` and ``token_ids`` hold the completion only.
 
+    Times are seconds (every ``*_s`` field and ``phases``; ``rag.Timings`` reports milliseconds, ``*_ms``).
     ``ttft_s`` runs from submission to the first token (queue wait included; ``queue_s`` says how much
     of it was waiting); ``total_s`` to the last.
     """

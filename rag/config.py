@@ -16,9 +16,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.config import EngineConfig
+from engine.sampling import SamplingParams
 from rag.ingestion.documents import check_collection
 from rag.prompt.assembler import DEFAULT_SYSTEM_PROMPT
 from rag.retrieval.embedder import DEFAULT_EMBEDDER
+from rag.retrieval.retriever import check_top_k
 
 RetrievalMode = Literal["dense", "bm25", "hybrid"]
 Fusion = Literal["weighted", "rrf"]
@@ -52,7 +54,7 @@ class RAGConfig(BaseModel):
         description="prefix each chunk's document title to the text that is embedded and BM25-indexed",
     )
     # retrieval
-    top_k: int = Field(default=4, gt=0)
+    top_k: int = Field(default=4, gt=0, description="chunks an answer is grounded on when a call names none")
     retrieval_mode: RetrievalMode = "hybrid"
     fusion: Fusion = "weighted"
     dense_weight: float = Field(
@@ -114,3 +116,26 @@ class RAGConfig(BaseModel):
         if self.reranker == "cross-encoder" and not self.reranker_model:
             raise ValueError("reranker='cross-encoder' needs reranker_model (a local model directory)")
         return self
+
+    def resolve_top_k(self, top_k: int | None) -> int:
+        """``top_k`` checked (a positive int, else ValueError), or this config's default for None.
+
+        >>> RAGConfig(top_k=6).resolve_top_k(None), RAGConfig().resolve_top_k(2)
+        (6, 2)
+        """
+        return self.top_k if top_k is None else check_top_k(top_k)
+
+    def sampling_params(self, *, max_tokens: int | None = None) -> SamplingParams:
+        """How answers are generated: this config's temperature, repetition penalty and length cap,
+        with ``max_tokens`` (when given) replacing the cap. Every caller that answers a question
+        takes its parameters from here, so an answer does not depend on the route that asked.
+
+        >>> p = RAGConfig().sampling_params(max_tokens=16)
+        >>> p.max_tokens, p.temperature, p.repetition_penalty
+        (16, 0.0, 1.1)
+        """
+        return SamplingParams(
+            max_tokens=self.max_tokens if max_tokens is None else max_tokens,
+            temperature=self.temperature,
+            repetition_penalty=self.repetition_penalty,
+        )

@@ -26,10 +26,13 @@ def default_demo_index() -> Path:
     return prefixrag_home() / "indexes" / "python-reference"
 
 
-def open_demo_pipeline(console: Console, config: RAGConfig, index_dir: Path) -> Pipeline:
-    """Load the saved demo index (re-ingesting changed topics only) or build it with a progress bar."""
+def open_demo_pipeline(
+    console: Console, config: RAGConfig, index_dir: Path, topics: int | None = None
+) -> Pipeline:
+    """Load the saved demo index (re-ingesting changed topics only) or build it with a progress bar;
+    ``topics`` keeps only the reference's first n topics."""
     pipeline = Pipeline.from_config(config.model_copy(update={"index_dir": index_dir}))
-    docs = load_python_reference()
+    docs = load_python_reference()[:topics]
     t0 = time.perf_counter()
     with console.status("loading the embedder and the tokenizer"):
         pipeline.kb.warm_up()
@@ -44,9 +47,11 @@ def open_demo_pipeline(console: Console, config: RAGConfig, index_dir: Path) -> 
     return pipeline
 
 
-def run_demo(console: Console, config: RAGConfig, index_dir: Path, questions: list[str]) -> None:
+def run_demo(
+    console: Console, config: RAGConfig, index_dir: Path, questions: list[str], *, topics: int | None = None
+) -> None:
     """Answer each question twice, then print cold vs warm TTFT and cache hits."""
-    pipeline = open_demo_pipeline(console, config, index_dir)
+    pipeline = open_demo_pipeline(console, config, index_dir, topics)
     with console.status(f"loading {config.engine.model}"):
         pipeline.warm_up()
     rows: list[tuple[str, str, Answer]] = []

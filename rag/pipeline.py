@@ -22,7 +22,7 @@ from rag.config import RAGConfig
 from rag.ingestion.documents import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
 from rag.ingestion.loaders import LoadResult
 from rag.ingestion.store import DocumentInfo, KnowledgeBase
-from rag.prompt.assembler import Prompt, PromptAssembler
+from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler
 from rag.prompt.public import public_prefix_length
 
 
@@ -39,7 +39,12 @@ class GenerationBackend(Protocol):
 
 @dataclass(frozen=True)
 class Source:
-    """A chunk the answer may cite: ``[n]`` in the text refers to ``sources[n - 1]``."""
+    """A chunk the answer may cite: ``[n]`` in the text refers to ``sources[n - 1]``.
+
+    ``score`` is the cosine similarity of the question's and the chunk's embeddings, in [-1, 1] (higher
+    is closer): the same measure whatever retrieval mode, fusion or reranker picked the chunk and
+    however many candidates there were. Sources are listed in prompt order, not by score.
+    """
 
     doc_id: str
     chunk_id: str
@@ -62,8 +67,10 @@ class Usage:
 
 @dataclass(frozen=True)
 class Timings:
-    """Milliseconds. ``ttft_ms``: from the question to the first answer token (retrieval included);
-    ``prefill_ms``: the engine's share of it (queue + prefill of the uncached suffix)."""
+    """Milliseconds (every field; the engine's ``GenerationResult`` reports seconds, ``*_s``).
+
+    ``ttft_ms``: from the question to the first answer token (retrieval included); ``prefill_ms``: the
+    engine's share of it (queue + prefill of the uncached suffix)."""
 
     retrieve_ms: float
     rerank_ms: float
@@ -228,11 +235,10 @@ class Pipeline:
     def retrieve(
         self, question: str, top_k: int | None = None, *, collections: Iterable[str] | None = None
     ) -> list[ScoredChunk]:
-        """The chunks of ``collections`` (default: all) an answer would be grounded on, best first."""
-        if self.kb.count(collections) == 0:
-            _check_top_k(top_k)
-            return []
-        return self.kb.search(question, top_k, collections=collections)
+        """The chunks of ``collections`` (default: all) an answer would be grounded on, best first
+        (``top_k`` defaults to the config's)."""
+        top_k = self.config.resolve_top_k(top_k)
+        return self.kb.search(question, top_k, collections=collections) if self.kb.count(collections) else []
 
     def assemble(self, question: str, chunks: Sequence[ScoredChunk], namespace: str = "") -> Prompt:
         """The prompt (token ids + segments) the engine would get for these chunks."""
@@ -268,19 +274,23 @@ class Pipeline:
         collections: Iterable[str] | None = None,
     ) -> Iterator[PipelineEvent]:
         """Yield the sources, then text deltas, then the full Answer. Closing early cancels generation.
-        Retrieval reads only ``collections`` (default: all)."""
+        Retrieval reads only ``collections`` (default: all).
+
+        ``params`` default to ``config.sampling_params()``; derive others from it
+        (``config.sampling_params(max_tokens=...)``) to keep the pipeline's other settings.
+        """
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
-        _check_top_k(top_k)
+        top_k = self.config.resolve_top_k(top_k)
         selected = None if collections is None else _names(collections)
-        return self._stream(question, top_k, namespace, params, selected)
+        return self._stream(question, top_k, namespace, params or self.config.sampling_params(), selected)
 
     def _stream(
         self,
         question: str,
-        top_k: int | None,
+        top_k: int,
         namespace: str,
-        params: SamplingParams | None,
+        params: SamplingParams,
         collections: list[str] | None,
     ) -> Iterator[PipelineEvent]:
         t0 = time.perf_counter()
@@ -292,12 +302,8 @@ class Pipeline:
         t1 = time.perf_counter()
         prompt = self.assemble(question, hits, namespace)
         assemble_ms = 1000 * (time.perf_counter() - t1)
-        sources = [_source(c) for c in prompt.chunks]
+        sources = self._sources(question, prompt.chunks, collections)
         yield PipelineEvent("sources", sources=sources)
-        cfg = self.config
-        params = params or SamplingParams(
-            max_tokens=cfg.max_tokens, temperature=cfg.temperature, repetition_penalty=cfg.repetition_penalty
-        )
         result: GenerationResult | None = None
         first_token_ms = 0.0
         public = self._public_tokens(prompt)
@@ -327,6 +333,13 @@ class Pipeline:
         answer = Answer(result.text, sources, usage, timings, result.finish_reason)
         yield PipelineEvent("done", answer=answer)
 
+    def _sources(
+        self, question: str, chunks: Sequence[ChunkLike], collections: list[str] | None
+    ) -> list[Source]:
+        ids = [c.chunk_id for c in chunks]
+        similarity = self.kb.similarity(question, ids, collections=collections) if chunks else {}
+        return [_source(c, similarity.get(c.chunk_id, 0.0)) for c in chunks]
+
     def _probe(self, namespace: str) -> Any:
         probe = getattr(self.engine, "cached_prefix_length", None)
         if probe is None:
@@ -350,11 +363,11 @@ class Pipeline:
         return public_prefix_length(prompt, set(self.config.public_collections))
 
 
-def _source(chunk: Any) -> Source:
+def _source(chunk: Any, score: float) -> Source:
     return Source(
         doc_id=str(chunk.doc_id),
         chunk_id=str(chunk.chunk_id),
-        score=float(chunk.score),
+        score=float(score),
         text=str(chunk.text),
         metadata=dict(getattr(chunk, "metadata", {}) or {}),
         collection=str(getattr(chunk, "collection", DEFAULT_COLLECTION)),
@@ -366,11 +379,6 @@ def _names(collections: Iterable[str]) -> list[str]:
     if isinstance(collections, str):
         raise ValueError(f"collections must be a list of names, got the string {collections!r}")
     return [check_collection(name) for name in collections]
-
-
-def _check_top_k(top_k: int | None) -> None:
-    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k <= 0):
-        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
 
 
 def _has_index(directory: str | os.PathLike[str]) -> bool:

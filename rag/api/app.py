@@ -16,6 +16,7 @@ from rag.api.request_id import RequestIdMiddleware
 from rag.api.routers import ask, cache, documents, health, metrics, openai, ui, worker
 from rag.api.services import Services
 from rag.api.settings import Settings, get_settings
+from rag.api.version import package_version
 
 
 def create_app(
@@ -37,8 +38,6 @@ def create_app(
         >>> uvicorn.run(app, host="127.0.0.1", port=8000)                                  # doctest: +SKIP
     """
     settings = settings or get_settings()
-    if pipeline_factory is None and pipeline is None:
-        pipeline_factory = _default_pipeline_factory(settings)
     services = Services(
         settings,
         engine=engine,
@@ -57,7 +56,7 @@ def create_app(
 
     app = FastAPI(
         title="prefixrag",
-        version=_version(),
+        version=package_version(),
         description="Retrieval-augmented question answering built around prefix KV-cache reuse.",
         lifespan=lifespan,
     )
@@ -75,21 +74,3 @@ def create_app(
     app.state.route_methods = route_methods(routers)
     install_openapi(app, settings)
     return app
-
-
-def _default_pipeline_factory(settings: Settings) -> Callable[[Any], Any] | None:
-    """Build the document pipeline around the loaded engine, when the rag package provides one."""
-    try:
-        from rag.api.pipeline_factory import build_pipeline
-    except ImportError:  # rag.pipeline not available in this install
-        return None
-    return lambda engine: build_pipeline(settings, engine)
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("prefixrag")
-    except PackageNotFoundError:
-        return "0.0.0"

@@ -36,6 +36,15 @@ _TYPES = {
 }
 
 
+def error_type(status: int) -> str:
+    """OpenAI's error ``type`` for an HTTP status (``server_error`` for any 5xx without its own).
+
+    >>> error_type(404), error_type(500), error_type(502), error_type(418)
+    ('not_found_error', 'server_error', 'server_error', 'api_error')
+    """
+    return _TYPES.get(status, "server_error" if status >= 500 else "api_error")
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -86,7 +95,7 @@ def api_error(
     """An HTTPException whose handler renders OpenAI's error shape (raise it from routers)."""
     detail = {
         "message": message,
-        "type": type or _TYPES.get(status, "api_error"),
+        "type": type or error_type(status),
         "param": param,
         "code": code,
     }
@@ -98,7 +107,7 @@ def error_body(
 ) -> dict[str, Any]:
     err = ErrorDetail(
         message=message,
-        type=type or _TYPES.get(status, "server_error" if status >= 500 else "api_error"),
+        type=type or error_type(status),
         param=param,
         code=code,
     )
@@ -224,14 +233,12 @@ def generation_failed(exc: BaseException) -> str:
 
 async def _engine_error(request: Request, exc: Exception) -> JSONResponse:
     log.warning("engine error on %s %s: %s", request.method, request.url.path, exc)
-    return error_response(500, generation_failed(exc), type="server_error", code="engine_error")
+    return error_response(500, generation_failed(exc), code="engine_error")
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(
-        500, "internal server error (see the server log)", type="server_error", code="internal_error"
-    )
+    return error_response(500, "internal server error (see the server log)", code="internal_error")
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -1,6 +1,6 @@
 """Running engine generations from async routes: admission, submit, stream or collect, metrics.
 
-``Generation`` ties one request's pieces together: the admission slot (released when it ends), the
+``Generation`` ties one request's pieces together: its admission (released when it ends), the
 engine's blocking event iterator (consumed in worker threads, closed however the request ends) and
 the metrics observed at the finish.
 """
@@ -18,7 +18,7 @@ from engine.request import GenerationResult, StreamEvent
 from engine.sampling import SamplingParams
 from rag.api.bridge import iterate_in_thread, run_until_disconnect
 from rag.api.errors import InvalidRequest
-from rag.api.limits import Slot
+from rag.api.limits import Admitted
 from rag.api.services import Services
 
 
@@ -31,11 +31,13 @@ class Generation:
         >>> async for event in gen.events(): ...         # or streamed
     """
 
-    def __init__(self, services: Services, endpoint: str, it: Iterator[StreamEvent], slot: Slot) -> None:
+    def __init__(
+        self, services: Services, endpoint: str, it: Iterator[StreamEvent], admitted: Admitted
+    ) -> None:
         self.services = services
         self.endpoint = endpoint
         self._it = it
-        self._slot = slot
+        self._admitted = admitted
 
     @classmethod
     async def start(
@@ -49,18 +51,18 @@ class Generation:
     ) -> Generation:
         """Admit (429 when the API cap is reached) and submit (429 when the engine queue is full)."""
         engine = services.ready_engine()
-        slot = services.admission.enter()
+        admitted = services.admission.enter()
         try:
             it = await anyio.to_thread.run_sync(
                 lambda: engine.stream(prompt, params, namespace=namespace), limiter=services.limiter
             )
         except ValueError as exc:  # the engine's validation: empty prompt, too long for the context...
-            slot.release()
+            admitted.release()
             raise InvalidRequest(str(exc), "prompt" if "prompt" in str(exc) else None) from exc
         except BaseException:
-            slot.release()
+            admitted.release()
             raise
-        return cls(services, endpoint, it, slot)
+        return cls(services, endpoint, it, admitted)
 
     async def events(self) -> AsyncGenerator[StreamEvent, None]:
         """The engine's events; the request is cancelled if iteration stops early (client gone)."""
@@ -71,7 +73,7 @@ class Generation:
                         self._observe(event.result)
                     yield event
         finally:
-            self._slot.release()
+            self._admitted.release()
 
     async def collect(self, request: Request) -> GenerationResult | None:
         """Run to the end; None when the client disconnected first (its request is then cancelled)."""

@@ -83,10 +83,10 @@ class Admission:
 
     Example:
         >>> gate = Admission(limit=2)
-        >>> slot = gate.enter()      # raises TooManyRequests when full
+        >>> admitted = gate.enter()      # raises TooManyRequests when full
         >>> gate.in_flight
         1
-        >>> slot.release(); gate.in_flight
+        >>> admitted.release(); gate.in_flight
         0
     """
 
@@ -100,7 +100,7 @@ class Admission:
     def in_flight(self) -> int:
         return self._count
 
-    def enter(self) -> Slot:
+    def enter(self) -> Admitted:
         with self._lock:
             if self._count >= self.limit:
                 raise TooManyRequests(
@@ -108,14 +108,14 @@ class Admission:
                     self.retry_after_s,
                 )
             self._count += 1
-        return Slot(self)
+        return Admitted(self)
 
     def _leave(self) -> None:
         with self._lock:
             self._count -= 1
 
 
-class Slot:
+class Admitted:
     """One admitted generation; ``release()`` is idempotent (call it when the response ends)."""
 
     def __init__(self, gate: Admission) -> None:
@@ -126,7 +126,7 @@ class Slot:
         if gate is not None:
             gate._leave()
 
-    def __enter__(self) -> Slot:
+    def __enter__(self) -> Admitted:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -17,10 +17,9 @@ from typing import Any
 import anyio
 from starlette.requests import Request
 
-from engine.sampling import SamplingParams
 from rag.api.bridge import iterate_in_thread, run_until_disconnect
 from rag.api.errors import InvalidRequest
-from rag.api.limits import Slot
+from rag.api.limits import Admitted
 from rag.api.schemas.openai import new_id
 from rag.api.schemas.rag import AskResponse, AskUsage, SourceOut, TimingsOut
 from rag.api.services import Services
@@ -37,12 +36,14 @@ class AskRun:
         >>> answer = await run.collect(request)      # an AskResponse, or None if the client left
     """
 
-    def __init__(self, services: Services, model: str, it: Iterator[Any], slot: Slot, first: Any) -> None:
+    def __init__(
+        self, services: Services, model: str, it: Iterator[Any], admitted: Admitted, first: Any
+    ) -> None:
         self.services = services
         self.id = new_id("ans")
         self.model = model
         self._it = it
-        self._slot = slot
+        self._admitted = admitted
         self._first = first
         self.text: list[str] = []
         self.sources: list[SourceOut] = []
@@ -65,13 +66,14 @@ class AskRun:
         """Admit, start the pipeline stream and take its first event (the sources), so that retrieval
         errors and a full queue are answered with their status rather than in-band. Retrieval reads
         only ``collections`` (None: every collection)."""
-        slot = services.admission.enter()
-        kwargs: dict[str, Any] = {"top_k": top_k, "namespace": namespace, "collections": collections}
-        if max_tokens is not None:  # the pipeline's own temperature, a shorter (or longer) answer
-            config = getattr(pipeline, "config", None)
-            kwargs["params"] = SamplingParams(
-                max_tokens=max_tokens, temperature=float(getattr(config, "temperature", 0.0))
-            )
+        params = pipeline.config.sampling_params(max_tokens=max_tokens)  # the pipeline's, one cap replaced
+        kwargs: dict[str, Any] = {
+            "top_k": top_k,
+            "namespace": namespace,
+            "params": params,
+            "collections": collections,
+        }
+        admitted = services.admission.enter()
 
         def begin() -> tuple[Iterator[Any], Any]:
             it = iter(pipeline.stream(question, **kwargs))
@@ -86,13 +88,13 @@ class AskRun:
         try:
             it, first = await anyio.to_thread.run_sync(begin, limiter=services.limiter)
         except ValueError as exc:
-            slot.release()
+            admitted.release()
             raise InvalidRequest(str(exc)) from exc
         except BaseException:
-            slot.release()
+            admitted.release()
             raise
         model = getattr(getattr(pipeline, "engine", None), "model_id", "") or ""
-        return cls(services, model, it, slot, first)
+        return cls(services, model, it, admitted, first)
 
     async def events(self) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
         """Normalized ``(kind, payload)`` events: sources, delta, usage, timings."""
@@ -106,7 +108,7 @@ class AskRun:
                         yield item
             self._observe()
         finally:
-            self._slot.release()
+            self._admitted.release()
 
     async def collect(self, request: Request) -> AskResponse | None:
         async def drain() -> AskResponse:

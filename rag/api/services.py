@@ -21,6 +21,8 @@ from rag.api.errors import ServiceUnavailable
 from rag.api.limits import Admission
 from rag.api.metrics import Metrics
 from rag.api.settings import Settings
+from rag.pipeline import Pipeline
+from rag.prompt.assembler import PromptAssembler
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ class Services:
         self.engine = engine if engine is not None else getattr(pipeline, "engine", None)
         self._owns_engine = self.engine is None
         self._engine_factory = engine_factory or (lambda: Engine.from_config(settings.engine))
-        self._pipeline_factory = pipeline_factory
+        self._pipeline_factory = pipeline_factory or (lambda engine: build_pipeline(settings, engine))
         self.admission = Admission(settings.max_inflight, retry_after_s=settings.retry_after_s)
         self.metrics = Metrics(engine_stats=self._engine_stats)
         self.metrics.in_flight.set_function(lambda: self.admission.in_flight)
@@ -65,7 +67,7 @@ class Services:
         self.write_lock = threading.Lock()  # document writes and index saves, one at a time
         self.error: str | None = None
         self._loaded = threading.Event()
-        if self.engine is not None and (pipeline is not None or pipeline_factory is None):
+        if self.engine is not None and self.pipeline is not None:
             self._loaded.set()
         self._loader: threading.Thread | None = None
         self._assembler: Any = None  # chat messages -> Prompt; False when none applies
@@ -98,7 +100,7 @@ class Services:
             if self.engine is None:
                 log.info("loading model %s", self.settings.engine.model)
                 self.engine = self._engine_factory()
-            if self.pipeline is None and self._pipeline_factory is not None:
+            if self.pipeline is None:
                 self.pipeline = self._pipeline_factory(self.engine)
             self._loaded.set()
             log.info("ready: %s", getattr(self.engine, "model_id", "?"))
@@ -122,8 +124,6 @@ class Services:
             return pipeline
         if self.error is not None:
             raise ServiceUnavailable(f"the pipeline failed to load: {self.error}", retry_after_s=None)
-        if self._pipeline_factory is None:
-            raise ServiceUnavailable("no document pipeline is configured on this server", retry_after_s=None)
         raise ServiceUnavailable("the document pipeline is still loading; retry shortly")
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> Any:
@@ -158,16 +158,30 @@ class Services:
         return stats
 
 
+def build_pipeline(settings: Settings, engine: Any) -> Pipeline:
+    """The pipeline for ``settings.rag`` over ``engine``; opens the index saved in ``settings.index_dir``
+    when there is one (else starts empty and saves there on the first change). With
+    ``settings.warm_up`` the embedder and tokenizer load now rather than on the first question. With
+    ``settings.public_prefix_cache`` the shared collection's chunks are public material."""
+    update: dict[str, Any] = {"engine": settings.engine}  # one engine config: the server's
+    if settings.index_dir is not None:
+        update["index_dir"] = settings.index_dir
+    if settings.public_prefix_cache and settings.shared_collection is not None:
+        update["public_collections"] = [settings.shared_collection]
+    pipeline = Pipeline.from_config(settings.rag.model_copy(update=update), engine=engine)
+    if settings.warm_up:
+        pipeline.warm_up()
+    return pipeline
+
+
 def _engine_assembler(engine: Any) -> Any:
     """``PromptAssembler.assemble_messages`` over the engine's tokenizer, or None if it cannot apply."""
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None
     try:
-        from rag.prompt.assembler import PromptAssembler
-
         assembler = PromptAssembler(tokenizer, max_context_tokens=int(engine.max_context), max_tokens=1)
-    except (ImportError, ValueError) as exc:
+    except ValueError as exc:
         log.info("chat prompts use the engine's chat template: %s", exc)
         return None
     return assembler.assemble_messages

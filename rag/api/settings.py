@@ -181,6 +181,19 @@ class Settings(BaseSettings):
             raise ValueError("admin_key must differ from every tenant key")
         return self
 
+    @model_validator(mode="after")
+    def _one_source_per_setting(self) -> Settings:
+        """The server's engine and index are ``engine`` and ``index_dir``; the copies nested in ``rag``
+        would be ignored, so setting one is a startup error naming the variable to use instead."""
+        misplaced = (
+            ("engine", "PREFIXRAG_RAG__ENGINE__*", "PREFIXRAG_ENGINE__*"),
+            ("index_dir", "PREFIXRAG_RAG__INDEX_DIR", "PREFIXRAG_INDEX_DIR"),
+        )
+        for field, variable, instead in misplaced:
+            if field in self.rag.model_fields_set:
+                raise ValueError(f"rag.{field} ({variable}) is not used by the server: set {instead} instead")
+        return self
+
     @property
     def auth_enabled(self) -> bool:
         """Tenant keys are configured: /v1 routes need a bearer key."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 
-from engine.request import EngineError, QueueFullError, StreamEvent
+from engine.request import EngineError, QueueFullError
 from rag.api.errors import error_body, generation_failed
 from rag.api.generation import Generation
 from rag.api.schemas.openai import (
@@ -18,6 +18,7 @@ from rag.api.schemas.openai import (
     CompletionChoice,
     Delta,
     Usage,
+    finish_reason,
 )
 from rag.api.schemas.rag import SourceOut
 
@@ -41,10 +42,8 @@ def stream_error(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, ValueError):
         return error_body(400, str(exc), code="invalid_value")
     if isinstance(exc, EngineError):
-        return error_body(500, generation_failed(exc), type="server_error", code="engine_error")
-    return error_body(
-        500, "internal server error (see the server log)", type="server_error", code="internal_error"
-    )
+        return error_body(500, generation_failed(exc), code="engine_error")
+    return error_body(500, "internal server error (see the server log)", code="internal_error")
 
 
 async def guarded(
@@ -92,7 +91,7 @@ async def chat_frames(
         if ev.text:
             yield chunk(Delta(content=ev.text))
         if ev.result is not None:
-            yield chunk(Delta(), finish=_finish(ev))
+            yield chunk(Delta(), finish=finish_reason(ev.finish_reason))
             if include_usage:
                 r = ev.result
                 yield chunk(None, usage=Usage.of(r.prompt_tokens, r.cached_tokens, r.completion_tokens))
@@ -112,7 +111,7 @@ async def completion_frames(
         if ev.text:
             yield chunk([CompletionChoice(text=ev.text)])
         if ev.result is not None:
-            yield chunk([CompletionChoice(text="", finish_reason=_finish(ev))])
+            yield chunk([CompletionChoice(text="", finish_reason=finish_reason(ev.finish_reason))])
             if include_usage:
                 r = ev.result
                 yield chunk([], usage=Usage.of(r.prompt_tokens, r.cached_tokens, r.completion_tokens))
@@ -121,8 +120,3 @@ async def completion_frames(
 
 def openai_error_frames(exc: BaseException) -> list[str]:
     return [data(stream_error(exc)), DONE]
-
-
-def _finish(ev: StreamEvent) -> str:
-    reason = ev.finish_reason or "stop"
-    return reason if reason in ("stop", "length") else "stop"

@@ -48,8 +48,12 @@ class BenchConfig(BaseModel):
         ("cache", 0.25, "lru"),
         ("relevance", 1.0, "lru"),
     )
-    baseline_samples: int = Field(default=12, ge=2, description="caching-off requests (spread evenly)")
-    transformers_samples: int = Field(default=6, ge=1, description="transformers generate requests")
+    baseline_samples: int = Field(
+        default=12, ge=2, description="caching-off requests, spread evenly over the stream"
+    )
+    transformers_samples: int = Field(
+        default=6, ge=1, description="transformers generate requests, spread evenly over caching off's"
+    )
     tpot_prompts: int = Field(
         default=2, ge=0, description="0: take TPOT from the engine section's decode figures instead"
     )

@@ -128,7 +128,7 @@ def run_engine_bench(
             "speedup": _median(cold) / _median(warm),
             "zero_hit_overhead": _median(zero_hit) / _median(cold) - 1.0,
             # the cache's own work at 0% hits (same prefill code either way): the overhead without
-            # the prefill's run-to-run noise, which is larger than 3% on a shared machine
+            # the prefill's run-to-run noise, which on a shared machine can exceed the overhead itself
             "zero_hit_cache_s": _median([_cache_work(ph) for ph in zero_phases]),
             "zero_hit_cache_share": _median([_cache_work(ph) for ph in zero_phases]) / _median(cold),
             # of it, before the first token (match, load) and after it (the insert of the prompt's KV)
@@ -197,9 +197,7 @@ def generate_tpot(model: Any, ids: Sequence[int], new_tokens: int, pad_token_id:
     return (last - first) / (len(clock.times) - 2)
 
 
-def _decode_bench(
-    engine: Engine, model: Any, tok: Any, prompt: Any, n: int, repeats: int
-) -> dict[str, float]:
+def _decode_bench(engine: Engine, model: Any, tok: Any, prompt: Any, n: int, repeats: int) -> dict[str, Any]:
     """ms per output token at the prompt's context length: ours vs transformers' generate (``repeats`` runs each)."""
     ours, hf = [], []
     params = SamplingParams(max_tokens=n, ignore_eos=True)
@@ -208,6 +206,7 @@ def _decode_bench(
         ours.append(engine.generate(prompt, params, namespace=f"decode-{i}").tpot_s)
         hf.append(generate_tpot(model, ids, n))
     return {
+        "runs": repeats,
         "ours_ms_per_token": 1000 * _median(ours),
         "transformers_generate_ms_per_token": 1000 * _median(hf),
         "speedup": _median(hf) / _median(ours),

@@ -1,9 +1,11 @@
 """Real measurements: the engine, caching off, and transformers' generate on the same request stream.
 
-The configurations that matter most run the whole stream through the real engine, interleaved
-request by request (their order rotating), so that the load other processes put on the machine
-falls on all of them alike. Caching-off and transformers' ``generate`` do not depend on what came
-before, so they run on an evenly spread sample of the same prompts. TTFT runs use ``max_tokens=1``
+The engine configurations run the whole stream, interleaved request by request: in each round every
+configuration that runs that request takes its turn, the order rotating from round to round, so that
+the load other processes put on the machine falls on all of them alike. Caching off and transformers'
+``generate`` do not depend on what came before, so they run on an evenly spread sample of the stream
+(transformers on a subset of caching off's requests); every comparison with them is made on the
+requests both sides ran (``rag.benchmark.results.paired_speedup``). TTFT runs use ``max_tokens=1``
 (the engine then caches the prompt only, which is what the simulation replays exactly); time per
 output token is measured apart, on a few prompts.
 
@@ -19,7 +21,8 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -38,6 +41,7 @@ OFF = "caching off"
 TRANSFORMERS = "transformers generate"
 LLAMA_CPP = "llama.cpp prompt cache"
 TTFT_PARAMS = SamplingParams(max_tokens=1)
+T = TypeVar("T")
 
 
 @dataclass
@@ -54,6 +58,7 @@ class Measurement(TokenCounts):
     cached_tokens: list[int] = field(default_factory=list)
     prompt_hashes: list[int] = field(default_factory=list)
     phases: list[dict[str, float]] = field(default_factory=list)
+    places: list[int] = field(default_factory=list)  # its turn in each round it ran (0: first)
     observed_bytes_per_token: float | None = None
 
     def add(self, index: int, ttft: float, prompt: list[int], cached: int, phases: dict[str, float]) -> None:
@@ -139,24 +144,27 @@ def measure_stream(
         _warm_up(eng)
     hf.ttft(list(range(1000, 1064)))
     n = len(workload.requests)
-    off_at, hf_at = set(sample_indices(n, baseline_samples)), set(sample_indices(n, transformers_samples))
+    off_at, hf_at = sampled_requests(n, baseline_samples, transformers_samples)
     reference: list[list[int]] = []
     try:
         for i, req in enumerate(workload.requests):
-            prompts: dict[int, list[int]] = {}
-            for k in _rotation(len(engines), i):
-                ids = prompts[k] = builders[k].prompt(req)
-                r = engines[k].generate(ids, TTFT_PARAMS, namespace=req.tenant)
-                runs[configs[k][0].label].add(i, r.ttft_s, ids, r.cached_tokens, r.phases)
-            ref = prompts[0]
-            reference.append(ref)
+            prompts = [b.prompt(req) for b in builders]  # each from its own engine's cache, as served
+            reference.append(prompts[0])
+            turns: list[tuple[Measurement, Callable[[], None]]] = [
+                (runs[point.label], partial(_time_engine, eng, runs[point.label], i, ids, req.tenant))
+                for eng, ids, (point, _) in zip(engines, prompts, configs)
+            ]
             if i in off_at:
-                r = off.generate(ref, TTFT_PARAMS, namespace=req.tenant)
-                runs[OFF].add(i, r.ttft_s, ref, r.cached_tokens, r.phases)
+                turns.append((runs[OFF], partial(_time_engine, off, runs[OFF], i, prompts[0], req.tenant)))
             if i in hf_at:
-                runs[TRANSFORMERS].add(i, hf.ttft(ref), ref, 0, {})
+                into = runs[TRANSFORMERS]
+                turns.append((into, partial(_time_baseline, hf.ttft, into, i, prompts[0])))
             if llama is not None:
-                runs[LLAMA_CPP].add(i, llama.ttft(ref), ref, 0, {})
+                into = runs[LLAMA_CPP]
+                turns.append((into, partial(_time_baseline, llama.ttft, into, i, prompts[0])))
+            for place, (measured, run) in enumerate(rotated(turns, i)):
+                run()
+                measured.places.append(place)
             say(f"request {i + 1}/{n}")
         for (point, _), eng in zip(configs, engines):
             stats = eng.cache.stats()
@@ -192,6 +200,31 @@ def measure_tpot(
     return {"engine": summarize(ours), "transformers": summarize(theirs)}
 
 
-def _rotation(n: int, i: int) -> list[int]:
-    """0..n-1 starting at i mod n: each configuration goes first equally often."""
-    return [(i + j) % n for j in range(n)]
+def sampled_requests(n: int, off_samples: int, transformers_samples: int) -> tuple[set[int], set[int]]:
+    """The requests caching off runs (spread evenly over the stream) and those transformers runs (spread
+    evenly over caching off's), so every baseline shares its requests with every other configuration.
+
+    >>> [sorted(s) for s in sampled_requests(10, 4, 2)]
+    [[0, 3, 6, 9], [0, 9]]
+    """
+    off = sample_indices(n, off_samples)
+    return set(off), {off[j] for j in sample_indices(len(off), transformers_samples)}
+
+
+def rotated(turns: Sequence[T], i: int) -> list[T]:
+    """``turns`` starting at position i mod len: over the rounds each takes every place in the order.
+
+    >>> rotated(["a", "b", "c"], 4)
+    ['b', 'c', 'a']
+    """
+    k = i % len(turns) if turns else 0
+    return [*turns[k:], *turns[:k]]
+
+
+def _time_engine(engine: Engine, into: Measurement, i: int, ids: list[int], namespace: str) -> None:
+    r = engine.generate(ids, TTFT_PARAMS, namespace=namespace)
+    into.add(i, r.ttft_s, ids, r.cached_tokens, r.phases)
+
+
+def _time_baseline(ttft: Callable[[list[int]], float], into: Measurement, i: int, ids: list[int]) -> None:
+    into.add(i, ttft(ids), ids, 0, {})

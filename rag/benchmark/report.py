@@ -14,7 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rag.benchmark.measure import OFF, TRANSFORMERS
 from rag.benchmark.plots import PLOTS, draw_all
+
+ENGINE_TITLE = "Engine: cold vs warm TTFT, 0%-hit overhead, decode"
+RADIX_TITLE = "Radix tree alone: match and insert cost"
 
 CSV_COLUMNS = [
     "config",
@@ -60,7 +64,7 @@ def rerender(out_dir: Path) -> list[Path]:
 
 def write_json(results: dict[str, Any], out_dir: Path) -> Path:
     path = out_dir / "results.json"
-    path.write_text(json.dumps(_finite(results), indent=1, sort_keys=False) + "\n")
+    path.write_text(json.dumps(json_ready(results), indent=1, sort_keys=False) + "\n")
     return path
 
 
@@ -140,10 +144,17 @@ def _header(res: dict[str, Any]) -> str:
         f"{m['platform']}; Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}; "
         f"commit `{meta['commit']}`. `{meta['command']}` took {meta['wall_s'] / 60:.1f} min{_cpu(meta)}.\n\n"
         f"The machine is shared with other jobs{_load(meta)}, so absolute timings are noisy and slower "
-        f"than on an idle machine: the real configurations "
-        f"ran interleaved request by request (rotating which goes first), and the comparisons below are "
-        f"ratios of figures measured side by side in this one run."
+        f"than on an idle machine: the real configurations ran interleaved request by request "
+        f"({_order(res)}), and the comparisons below are ratios of figures measured side by side in this "
+        "one run, on the same requests."
     )
+
+
+def _order(res: dict[str, Any]) -> str:
+    """How the configurations took turns within a round (runs that did not record it rotated the engines only)."""
+    if all("places" in m for m in res["measured"].values()):
+        return "the order of all of them rotating from request to request"
+    return "the engine configurations' order rotating; caching off and transformers after them"
 
 
 def _cpu(meta: dict[str, Any]) -> str:
@@ -165,17 +176,21 @@ def _headline(res: dict[str, Any]) -> str:
     h = res["headline"]
     ref, off, hf = h["reference"], h["off"], h["transformers"]
     fit = res["fit"]
+    vs_off, vs_hf = ref["vs_off"], h["vs_transformers"]
     lines = [
         "## Headline",
         "",
         f"- **{h['reference_name']}** (the cache sized to hold the whole working set, "
         f"{res['workload']['working_set_mib'][str(res['config']['skew'])]:,.0f} MiB): mean TTFT "
-        f"**{ref['ttft_s']['mean']:.2f} s** (p50 {ref['ttft_s']['p50']:.2f} s, p95 {ref['ttft_s']['p95']:.2f} s) "
-        f"vs **{off['ttft_s']['mean']:.2f} s** with caching off (p50 {off['ttft_s']['p50']:.2f} s, "
-        f"p95 {off['ttft_s']['p95']:.2f} s): **{ref['speedup_vs_off_mean']:.1f}x lower mean**, "
-        f"{ref['speedup_vs_off_p50']:.1f}x lower p50.",
-        f"- Against plain transformers `generate` on the same prompts ({hf['ttft_s']['mean']:.2f} s mean): "
-        f"**{h['speedup_vs_transformers']:.1f}x** lower mean TTFT.",
+        f"**{ref['ttft_s']['mean']:.2f} s** over the {ref['requests']}-request stream (p50 "
+        f"{ref['ttft_s']['p50']:.2f} s, p95 {ref['ttft_s']['p95']:.2f} s).",
+        f"- On the {vs_off['requests']} requests caching off also ran (spread evenly over the stream): "
+        f"**{vs_off['ttft_s']['mean']:.2f} s** vs **{off['ttft_s']['mean']:.2f} s** with caching off (p50 "
+        f"{vs_off['ttft_s']['p50']:.2f} s vs {off['ttft_s']['p50']:.2f} s): "
+        f"**{vs_off['speedup_mean']:.2f}x lower mean**, {vs_off['speedup_p50']:.2f}x lower p50.",
+        f"- Against plain transformers `generate` on the {vs_hf['requests']} requests it ran, same prompts: "
+        f"{vs_hf['ttft_s']['mean']:.2f} s vs {hf['ttft_s']['mean']:.2f} s mean, "
+        f"**{vs_hf['speedup_mean']:.2f}x** lower mean TTFT.",
         f"- Token hit rate {100 * ref['token_hit_rate']:.1f}% = {100 * ref['of_oracle']:.1f}% of the oracle's "
         f"({100 * ref['oracle_hit_rate']:.1f}%, an unbounded cache on the same prompts); the real engine's "
         f"cached tokens equal the simulation's on every measured request: "
@@ -193,7 +208,7 @@ def _headline(res: dict[str, Any]) -> str:
 
 
 def _targets(res: dict[str, Any]) -> str:
-    rows = ["## Targets (issue 7)", "", "| target | value | met | note |", "|---|---|---|---|"]
+    rows = ["## Targets", "", "| target | value | met | note |", "|---|---|---|---|"]
     for t in res["targets"]:
         value = t["value"]
         shown = f"{value:.2f}" if isinstance(value, float) else str(value)
@@ -230,7 +245,7 @@ def _measured(res: dict[str, Any]) -> str:
         "## Measured on the real engine (same request stream)",
         "",
         "| configuration | requests | token hit rate | = simulated | TTFT mean | p50 | p95 | modelled mean "
-        "| vs off (mean / p50) | TPOT | tokens/s* |",
+        "| vs off, same requests (mean / p50) | TPOT | tokens/s* |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in res["measured"].items():
@@ -244,17 +259,27 @@ def _measured(res: dict[str, Any]) -> str:
         rows.append(
             f"| {name} | {m['requests']} | {100 * m['token_hit_rate']:.1f}% | {same} | {t['mean']:.2f} s | "
             f"{t['p50']:.2f} s | {t['p95']:.2f} s | {modelled} | "
-            f"{m['speedup_vs_off_mean']:.1f}x / {m['speedup_vs_off_p50']:.1f}x | "
+            f"{_ratio(m['speedup_vs_off_mean'])} / {_ratio(m['speedup_vs_off_p50'])} ({m['vs_off']['requests']}) | "
             f"{1000 * m['tpot_s']:.0f} ms | {m['throughput_tok_s']:.1f} |"
         )
     tp = res["tpot"]
+    off, hf = res["measured"][OFF], res["measured"][TRANSFORMERS]
+    shared = len(set(off["indices"]) & set(hf["indices"]))
+    hf_runs = (
+        f"{hf['requests']} of those"
+        if shared == hf["requests"]
+        else f"{hf['requests']} ({shared} of them among caching off's)"
+    )
     rows += [
         "",
         f"\\* tokens/s: one request at a time with {res['config']['answer_tokens']}-token answers, "
         f"= answer / (TTFT mean + (answer - 1) x TPOT). TPOT measured apart ({tp['source']}): "
         f"engine {1000 * tp['engine']['p50']:.0f} ms/token, "
-        f"transformers generate {1000 * tp['transformers']['p50']:.0f} ms/token. Caching off and transformers "
-        f"ran on an evenly spread sample of the stream (their TTFT does not depend on earlier requests).",
+        f"transformers generate {1000 * tp['transformers']['p50']:.0f} ms/token. Caching off ran on "
+        f"{off['requests']} requests spread evenly over the stream and transformers generate on {hf_runs} (their "
+        "TTFT does not depend on earlier requests); each configuration's mean and percentiles are over the "
+        "requests it ran, and every ratio against caching off is taken on the requests both ran (their "
+        "number in brackets).",
         "",
         f"llama.cpp baseline: {res['baselines']['llama_cpp']['note']}.",
     ]
@@ -331,19 +356,20 @@ def _plots(plots: Sequence[str]) -> str:
 def _engine_section(res: dict[str, Any]) -> str:
     eng = res.get("engine_section")
     if not eng:
-        return "## Engine section (issue 4)\n\nNot run (`--no-engine-section`)."
+        return f"## {ENGINE_TITLE}\n\nNot run (`--no-engine-section`)."
     t, d = eng["ttft"], eng["decode"]
     batched = ", ".join(
         f"{b}: {v['tokens_per_s']:.1f} tok/s" for b, v in eng.get("batched_decode", {}).items()
     )
     return "\n".join(
         [
-            "## Engine section (issue 4)",
+            f"## {ENGINE_TITLE}",
             "",
             f"A {eng['prompt_tokens']}-token RAG prompt, {eng['warm_cached_tokens']} tokens cached when warm "
-            f"(medians of {eng['repeats']} rounds, interleaved):",
+            f"(TTFT: medians of {eng['repeats']} rounds, interleaved; decode: median of {d['runs']} runs each, "
+            "interleaved):",
             "",
-            "| figure | value | issue 4 target |",
+            "| figure | value | target |",
             "|---|---|---|",
             f"| cold TTFT (caching off) | {t['cold_s']:.2f} s | |",
             f"| warm TTFT (prefix cached, new question) | {t['warm_s']:.3f} s ({t['speedup']:.1f}x faster) "
@@ -352,7 +378,7 @@ def _engine_section(res: dict[str, Any]) -> str:
             f"| cache assembly (match + KV load + insert) | {1000 * t['assembly_s']:.1f} ms = "
             f"{100 * t['assembly_share_of_warm']:.1f}% of warm TTFT "
             f"| <= 10%: {'met' if t['assembly_share_of_warm'] <= 0.10 else '**missed**'} |",
-            f"| decode, engine vs transformers generate | {d['ours_ms_per_token']:.0f} vs "
+            f"| decode, engine vs transformers generate (median of {d['runs']} runs) | {d['ours_ms_per_token']:.0f} vs "
             f"{d['transformers_generate_ms_per_token']:.0f} ms/token ({d['speedup']:.2f}x) "
             f"| no slower: {'met' if d['speedup'] >= 1.0 else '**missed**'} |",
             "",
@@ -364,9 +390,9 @@ def _engine_section(res: dict[str, Any]) -> str:
 def _radix_section(res: dict[str, Any]) -> str:
     rad = res.get("radix_section")
     if not rad:
-        return "## Radix section (issue 3)\n\nNot run (`--no-radix-section`)."
+        return f"## {RADIX_TITLE}\n\nNot run (`--no-radix-section`)."
     rows = [
-        "## Radix section (issue 3)",
+        f"## {RADIX_TITLE}",
         "",
         f"RadixCache alone, {rad['config']['requests']} requests of Zipf-popular 500-2,000-token prefixes "
         f"plus unique suffixes (µs per call, median / p95):",
@@ -419,22 +445,13 @@ def _method(res: dict[str, Any]) -> str:
 def _overhead_row(t: dict[str, Any]) -> str:
     """0%-hit overhead, judged on the TTFT ratio; the cache's own timed work shown beside it."""
     ratio = t["zero_hit_overhead"]
-    row = f"| overhead at 0% hits vs caching off | TTFT {100 * ratio:+.1f}%"
-    if "zero_hit_cache_share" in t:  # absent from results.json of older runs
-        row += (
-            f" (cold TTFT itself spread {100 * t['cold_spread']:.0f}% over the rounds); the cache's own work"
-        )
-    if "zero_hit_insert_s" in t:
-        row += (
-            f": {1000 * t['zero_hit_before_token_s']:.1f} ms before the first token (match), and the copy of "
-            f"the prompt's KV into the cache ({1000 * t['zero_hit_insert_s']:.1f} ms) after it"
-        )
-    elif "zero_hit_cache_share" in t:
-        row += (
-            f" (match + insert) is {1000 * t['zero_hit_cache_s']:.1f} ms = "
-            f"{100 * t['zero_hit_cache_share']:.1f}% of cold TTFT"
-        )
-    return row + f" | <= 3%: {_met(ratio <= 0.03)} |"
+    return (
+        f"| overhead at 0% hits vs caching off | TTFT {100 * ratio:+.1f}% (cold TTFT itself spread "
+        f"{100 * t['cold_spread']:.0f}% over the rounds); the cache's own work: "
+        f"{1000 * t['zero_hit_before_token_s']:.1f} ms before the first token (match), and the copy of "
+        f"the prompt's KV into the cache ({1000 * t['zero_hit_insert_s']:.1f} ms) after it "
+        f"| <= 3%: {_met(ratio <= 0.03)} |"
+    )
 
 
 def _met(ok: bool) -> str:
@@ -455,6 +472,13 @@ def _steady_lines(steady: dict[str, Any] | None) -> list[str]:
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
+
+
+def _ratio(value: float | None) -> str:
+    """A speedup with two decimals; 'n/a' when no request was shared (NaN, null in JSON)."""
+    if value is None or math.isnan(value):
+        return "n/a"
+    return f"{value:.2f}x"
 
 
 def _s(seconds: float | None) -> str:
@@ -478,12 +502,16 @@ def _cell(v: Any) -> Any:
     return v
 
 
-def _finite(obj: Any) -> Any:
-    """JSON has no NaN: write null instead."""
+def json_ready(obj: Any) -> Any:
+    """JSON has no NaN or infinity: null instead (a figure with no sample, e.g. the mean of nothing).
+
+    >>> json_ready({"mean": float("nan"), "n": [0, 1.5]})
+    {'mean': None, 'n': [0, 1.5]}
+    """
     if isinstance(obj, float):
         return None if math.isnan(obj) or math.isinf(obj) else obj
     if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
+        return {str(k): json_ready(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [json_ready(v) for v in obj]
     return obj

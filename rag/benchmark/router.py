@@ -37,12 +37,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
-
 from engine.models import DEFAULT_MODEL
 from engine.remote import RemoteEngine
 from engine.sampling import SamplingParams
-from prefix_cache import RadixCache
+from rag.benchmark.oracle import PrefixOracle
+from rag.benchmark.report import json_ready
+from rag.benchmark.stats import summarize as ttft_summary
+from rag.benchmark.workload import popularity_order, subject_of, topic_titles, zipf_weights
 
 QUESTION_TEMPLATES = (
     "How does {subject} work?",
@@ -112,16 +113,6 @@ class Outcome:
 # ---- the stream ---------------------------------------------------------------------------------
 
 
-def zipf_weights(n: int, skew: float) -> list[float]:
-    """w_r ~ 1 / r**skew for ranks 1..n, normalised.
-
-    >>> [round(w, 3) for w in zipf_weights(3, 1.0)]
-    [0.545, 0.273, 0.182]
-    """
-    raw = [1.0 / r**skew for r in range(1, n + 1)]
-    return [w / sum(raw) for w in raw]
-
-
 def plan_stream(config: RouterBenchConfig, titles: dict[str, str]) -> list[PlannedRequest]:
     """Who asks what, in order: topics drawn by Zipf popularity (a seeded shuffle decides which
     topic is most popular), each with a question phrased from a template.
@@ -131,22 +122,14 @@ def plan_stream(config: RouterBenchConfig, titles: dict[str, str]) -> list[Plann
     (4, True)
     """
     rng = random.Random(config.seed)
-    order = sorted(titles)
-    random.Random(f"popularity-{config.seed}").shuffle(order)
+    order = popularity_order(list(titles), config.seed)
     weights = zipf_weights(len(order), config.skew)
     plan = []
     for i in range(config.requests):
         topic = rng.choices(order, weights)[0]
-        subject = titles[topic][0].lower() + titles[topic][1:]
+        subject = subject_of(titles[topic])
         plan.append(PlannedRequest(i, topic, rng.choice(QUESTION_TEMPLATES).format(subject=subject)))
     return plan
-
-
-def topic_titles() -> dict[str, str]:
-    """Topic name -> first line of its text, for the bundled Python reference."""
-    from pydoc_data.topics import topics
-
-    return {name: text.strip().splitlines()[0] for name, text in sorted(topics.items())}
 
 
 def build_prompts(config: RouterBenchConfig, plan: Sequence[PlannedRequest]) -> list[list[int]]:
@@ -168,18 +151,6 @@ def build_prompts(config: RouterBenchConfig, plan: Sequence[PlannedRequest]) -> 
         chunks = pipeline.retrieve(req.question, config.top_k)
         prompts.append(list(pipeline.assemble(req.question, chunks).token_ids))
     return prompts
-
-
-def oracle_hit_rate(prompts: Sequence[Sequence[int]]) -> float:
-    """Token hit rate of one unbounded prefix cache that saw every earlier prompt (match capped at
-    len - 1, as the engine caps it)."""
-    cache = RadixCache(capacity_bytes=1 << 40)
-    hits = total = 0
-    for ids in prompts:
-        hits += min(cache.match_prefix(list(ids)).length, len(ids) - 1)
-        total += len(ids)
-        cache.insert(list(ids), np.zeros(len(ids), dtype=np.uint8))
-    return hits / total if total else 0.0
 
 
 # ---- measuring ----------------------------------------------------------------------------------
@@ -259,9 +230,9 @@ def summarize(
         "errors": [o.error for o in outcomes if o.error],
         "token_hit_rate": sum(o.cached_tokens for o in ok) / prompt if prompt else 0.0,
         "replica_token_hit_rate": sum(r["hit_tokens"] for r in per_replica) / queried if queried else 0.0,
-        "ttft_s": _stats(ttfts),
-        "hit_ttft_s": _stats([o.ttft_s for o in ok if o.cached_tokens > 0.5 * o.prompt_tokens]),
-        "miss_ttft_s": _stats([o.ttft_s for o in ok if o.cached_tokens <= 0.5 * o.prompt_tokens]),
+        "ttft_s": ttft_summary(ttfts),
+        "hit_ttft_s": ttft_summary([o.ttft_s for o in ok if o.cached_tokens > 0.5 * o.prompt_tokens]),
+        "miss_ttft_s": ttft_summary([o.ttft_s for o in ok if o.cached_tokens <= 0.5 * o.prompt_tokens]),
         "wall_s": wall_s,
         "requests_per_s": len(ok) / wall_s if wall_s else 0.0,
         "per_replica": per_replica,
@@ -278,14 +249,6 @@ def _replica_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, i
         "query_tokens": get(after, "cache", "query_tokens") - get(before, "cache", "query_tokens"),
         "evicted_tokens": get(after, "cache", "evicted_tokens") - get(before, "cache", "evicted_tokens"),
     }
-
-
-def _stats(values: Sequence[float]) -> dict[str, float]:
-    if not values:
-        return {"n": 0, "mean": 0.0, "p50": 0.0, "p95": 0.0}
-    ordered = sorted(values)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return {"n": len(values), "mean": statistics.fmean(values), "p50": statistics.median(values), "p95": p95}
 
 
 # ---- configurations -----------------------------------------------------------------------------
@@ -376,7 +339,7 @@ def run_router_bench(
             "requests": len(prompts),
             "distinct_topics": len({p.topic for p in plan}),
             "mean_prompt_tokens": statistics.fmean(len(p) for p in prompts),
-            "oracle_token_hit_rate": oracle_hit_rate(prompts),
+            "oracle_token_hit_rate": _oracle_hit_rate(prompts),
         },
         "configs": [],
     }
@@ -395,9 +358,17 @@ def run_router_bench(
             f"per replica {[r['requests'] for r in row['per_replica']]}, {len(row['errors'])} errors"
         )
     shutil.rmtree(log_dir, ignore_errors=True)
-    (out / "router.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "router.json").write_text(json.dumps(json_ready(results), indent=2) + "\n")
     from rag.benchmark.router_report import write_plot, write_report
 
     write_plot(results, out / "router.png")
     write_report(results, out / "router.md")
     return results
+
+
+def _oracle_hit_rate(prompts: Sequence[Sequence[int]]) -> float:
+    """What one unbounded prefix cache that saw the whole stream would reuse (one namespace)."""
+    oracle = PrefixOracle()
+    for ids in prompts:
+        oracle.serve(ids)
+    return oracle.hit_rate

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,16 @@ def results_table(results: dict[str, Any]) -> str:
         of_oracle = f"{100 * r['token_hit_rate'] / oracle:.0f}%" if oracle else "-"
         lines.append(
             f"| {r['name']} | {100 * r['token_hit_rate']:.1f}% | {100 * r['replica_token_hit_rate']:.1f}% "
-            f"| {of_oracle} | {t['mean']:.2f} | {t['p50']:.2f} | {t['p95']:.2f} "
-            f"| {h['mean']:.2f} ({h['n']}) | {m['mean']:.2f} ({m['n']}) | {spread} "
+            f"| {of_oracle} | {_s(t['mean'])} | {_s(t['p50'])} | {_s(t['p95'])} "
+            f"| {_s(h['mean'])} ({h['n']}) | {_s(m['mean'])} ({m['n']}) | {spread} "
             f"| {sum(p.get('evicted_tokens', 0) for p in r['per_replica'])} | {r['requests_per_s']:.2f} |"
         )
     return "\n".join(lines)
+
+
+def _s(seconds: float | None) -> str:
+    """Seconds with two decimals; '-' when there was no request to measure (NaN, or null in JSON)."""
+    return "-" if seconds is None or math.isnan(seconds) else f"{seconds:.2f}"
 
 
 def write_plot(results: dict[str, Any], path: Path) -> None:

@@ -85,7 +85,7 @@ class SimulatedEngine:
         self.config = config
         self.bytes_per_token = bytes_per_token
         self.caching = config.enable_prefix_cache and config.cache_bytes > 0
-        self.cache = RadixCache(config.cache_bytes, config.page_size, policy=config.eviction)
+        self.cache = RadixCache.from_config(config.cache_config())
 
     def cached_prefix_length(self, token_ids: Sequence[int], namespace: str = "") -> int:
         """How many leading tokens the cache holds (no side effects), as ``Engine`` answers it."""

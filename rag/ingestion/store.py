@@ -54,7 +54,7 @@ from rag.retrieval.factory import make_reranker, make_retriever
 from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import Reranker
-from rag.retrieval.retriever import Retriever, check_query
+from rag.retrieval.retriever import DenseRetriever, Retriever, check_query
 
 __all__ = ["DocumentInfo", "IngestStats", "KnowledgeBase", "SearchResult", "document_title"]
 
@@ -292,7 +292,7 @@ class KnowledgeBase:
         collections: Iterable[str] | None = None,
     ) -> SearchResult:
         """``search`` that also reports how long the first stage and the reranker took."""
-        top_k = self.config.top_k if top_k is None else top_k
+        top_k = self.config.resolve_top_k(top_k)
         check_query(query, top_k)
         use_reranker = self.config.reranker != "none" if rerank is None else rerank
         t0 = time.perf_counter()
@@ -313,17 +313,26 @@ class KnowledgeBase:
         collections: Iterable[str] | None = None,
     ) -> list[ScoredChunk]:
         """First-stage retrieval only (no reranking) over ``collections`` (default: all), best first."""
-        top_k = self.config.top_k if top_k is None else top_k
+        top_k = self.config.resolve_top_k(top_k)
         check_query(query, top_k)
         with self._lock:
             return self.retriever(mode, collections=collections).retrieve(query, top_k)
 
     def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int | None = None) -> list[ScoredChunk]:
         """Apply the configured reranker to first-stage hits."""
-        top_k = self.config.top_k if top_k is None else top_k
+        top_k = self.config.resolve_top_k(top_k)
         check_query(query, top_k)
         with self._lock:
             return self.reranker.rerank(query, hits, top_k)
+
+    def similarity(
+        self, query: str, chunk_ids: Sequence[str], *, collections: Iterable[str] | None = None
+    ) -> dict[str, float]:
+        """Cosine similarity of ``query`` with each chunk's embedding, in [-1, 1]: unlike a fused or
+        reranked score it does not depend on the other candidates (``Source.score`` reports it)."""
+        dense = self.retriever("dense", collections=collections)
+        assert isinstance(dense, DenseRetriever)
+        return dense.score(query, chunk_ids)
 
     def retriever(
         self,

@@ -8,9 +8,8 @@ Chunks arrive ranked by relevance (index 0 is best). A policy returns a permutat
 - ``cache``: RAGCache-style greedy search: at each position take the remaining chunk that extends the
   prefix the engine's cache already holds the furthest (ties go to the better rank); once none extends
   it, the rest follow in relevance order. Needs a ``prefix_probe``; without one it is ``canonical``.
-  (A relevance tail beat a canonical one at every capacity and skew of the benchmark's simulated
-  sweep, by up to 5 points of hit rate: later questions on a topic share its best chunk more often
-  than its whole chunk set.)
+  (A relevance tail rather than a canonical one: later questions on a topic share its best chunk
+  more often than its whole chunk set; docs/benchmarks/report.md compares the orders.)
 
 Example:
     >>> fit_count(base=100, chunk_lengths=[50, 50, 50], budget=210)

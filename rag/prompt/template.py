@@ -132,7 +132,7 @@ def _content_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]]:
             list(ids)
             for ids in tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         ]
-    with _ENCODERS_LOCK:  # fast: a private copy (~0.2 s to make), shared by this tokenizer's assemblers
+    with _ENCODERS_LOCK:  # fast: a private copy, costly to make, so shared by this tokenizer's assemblers
         encoder = _ENCODERS.get(backend)
         if encoder is None:
             encoder = _ENCODERS[backend] = _private_encoder(backend)

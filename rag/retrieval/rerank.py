@@ -26,6 +26,7 @@ import numpy as np
 from rag.ingestion.chunking import Chunker
 from rag.ingestion.documents import ScoredChunk
 from rag.retrieval.embedder import Embedder, _hub_offline
+from rag.retrieval.retriever import check_top_k
 
 
 @runtime_checkable
@@ -33,11 +34,6 @@ class Reranker(Protocol):
     """Reorders first-stage hits for a query and keeps the best ``top_k``."""
 
     def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int) -> list[ScoredChunk]: ...
-
-
-def _check_top_k(top_k: int) -> None:
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
-        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
 
 
 def _minmax(values: np.ndarray) -> np.ndarray:
@@ -54,7 +50,7 @@ class NoReranker:
     """
 
     def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int) -> list[ScoredChunk]:
-        _check_top_k(top_k)
+        check_top_k(top_k)
         return list(hits[:top_k])
 
 
@@ -88,7 +84,7 @@ class EmbeddingReranker:
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # chunk id -> [windows, dim]
 
     def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int) -> list[ScoredChunk]:
-        _check_top_k(top_k)
+        check_top_k(top_k)
         if len(hits) <= 1:
             return list(hits[:top_k])
         q = self.embedder.embed_query(query)  # [dim]
@@ -146,7 +142,7 @@ class CrossEncoderReranker:
                 self._model = CrossEncoder(str(self.path), device=self.device, local_files_only=True)
 
     def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int) -> list[ScoredChunk]:
-        _check_top_k(top_k)
+        check_top_k(top_k)
         if not hits:
             return []
         self.warm_up()

@@ -33,12 +33,18 @@ class Retriever(Protocol):
     def retrieve(self, query: str, top_k: int) -> list[ScoredChunk]: ...
 
 
+def check_top_k(top_k: int) -> int:
+    """``top_k`` itself, or ValueError naming it when it is not a positive int (the one owner of this rule)."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    return top_k
+
+
 def check_query(query: str, top_k: int) -> None:
     """ValueError naming the bad value for a blank query or a top_k that is not a positive int."""
     if not isinstance(query, str) or not query.strip():
         raise ValueError(f"query must be a non-empty string, got {query!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
-        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    check_top_k(top_k)
 
 
 def _hits(pairs: Sequence[tuple[str, float]], chunks: Mapping[str, Chunk]) -> list[ScoredChunk]:

@@ -48,6 +48,8 @@ def test_serve_command(tmp_path):
         reply = httpx.post(url + "/v1/completions", json={"prompt": "Hello,", "max_tokens": 3}, timeout=60)
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] >= 1
+        cache = httpx.get(url + "/v1/cache").json()["cache"]
+        assert cache["capacity_bytes"] == 64 << 20  # PREFIXRAG_ENGINE__CACHE_BYTES reached the engine
         assert httpx.get(url + "/").status_code == 200
     finally:
         proc.send_signal(signal.SIGINT)
@@ -76,3 +78,22 @@ def test_serve_rejects_bad_settings():
     )
     assert proc.returncode == 2
     assert "8 characters" in proc.stdout + proc.stderr
+
+
+def test_serve_refuses_a_setting_it_would_ignore():
+    """The server's engine has one source (PREFIXRAG_ENGINE__*); the copy nested in rag fails at startup
+    (every misplaced variable: tests/api/test_api_settings.py)."""
+    env = {**os.environ, "PREFIXRAG_RAG__ENGINE__CACHE_BYTES": "1048576"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag.cli", "serve", "--port", "1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    said = " ".join(proc.stdout.split())
+    assert proc.returncode == 2
+    assert "(PREFIXRAG_RAG__ENGINE__*) is not used by the server: set PREFIXRAG_ENGINE__* instead" in said, (
+        said
+    )

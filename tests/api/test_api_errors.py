@@ -166,3 +166,13 @@ def test_openapi_documents_the_error_shape(http):
     responses = spec["paths"][CHAT]["post"]["responses"]
     assert responses["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
     assert "429" in responses and "401" in responses
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 422, 429, 500, 502, 503])
+def test_raised_and_rendered_errors_agree_on_the_type(status):
+    from rag.api.errors import api_error, error_body
+
+    raised = api_error(status, "something went wrong").detail["type"]
+    assert raised == error_body(status, "something went wrong")["error"]["type"]
+    if status in (500, 502):
+        assert raised == "server_error"

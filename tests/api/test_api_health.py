@@ -24,6 +24,7 @@ def test_ready_only_once_the_model_is_loaded(serve, loaded_model):
         assert probe.status_code == 503 and probe.json() == {"status": "loading"}
         loading = httpx.get(srv.url + "/readyz")
         assert loading.status_code == 503 and loading.json()["status"] == "loading"
+        assert httpx.get(srv.url + "/server_info").json()["prefix_caching"] is None  # not decided yet
         reply = httpx.post(
             srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
         )

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import httpx
 import pytest
+import torch
+from transformers import MistralConfig, MistralForCausalLM
 
+from engine import EngineConfig
 from rag.api import Settings
 from rag.api.request_id import clean_request_id
+from tests.api.helpers import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +32,33 @@ def test_server_info_states_the_limits(server, engine, path):
     info = httpx.get(server.url + path).json()
     assert info["served_model_name"] == engine.model_id
     assert info["state"] == "ready" and info["dp_size"] == 1 and info["max_running_requests"] == 7
+    assert info["prefix_caching"] is True and info["cache_bytes"] == engine.config.cache_bytes
     assert "model_path" not in info
+
+
+def test_server_info_reports_caching_as_the_engine_decided(serve, loaded_model, tmp_path):
+    """The settings ask for prefix caching; a model with sliding-window attention makes the engine turn
+    it off (its KV cannot be reused exactly), and /server_info reports the engine's decision."""
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=len(loaded_model.tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=16,
+        max_position_embeddings=256,
+    )
+    MistralForCausalLM(config).save_pretrained(tmp_path)  # a tiny random model: no such checkpoint here
+    loaded_model.tokenizer.save_pretrained(tmp_path)
+    settings = Settings(engine=EngineConfig(model=str(tmp_path)))
+    assert settings.engine.enable_prefix_cache and settings.engine.cache_bytes > 0
+    with serve(settings) as server:
+        ready = lambda: httpx.get(server.url + "/readyz").status_code == 200  # noqa: E731
+        assert wait_until(ready, timeout=120, interval=0.2), httpx.get(server.url + "/readyz").text
+        info = httpx.get(server.url + "/server_info").json()
+    assert info["prefix_caching"] is False
 
 
 def test_health_is_ok_once_ready(server):

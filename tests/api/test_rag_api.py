@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 
 from rag.api import Settings
+from rag.api.deps import ANONYMOUS
 from tests.api.helpers import assert_error, wait_until
-
-pipeline_mod = pytest.importorskip("rag.pipeline", reason="rag.pipeline (the Pipeline) is not available yet")
 
 DOCS = [
     {
@@ -39,7 +39,7 @@ def settings(index_dir) -> Settings:
 
 @pytest.fixture(scope="module")
 def pipeline(settings, engine):
-    from rag.api.pipeline_factory import build_pipeline
+    from rag.api.services import build_pipeline
 
     return build_pipeline(settings, engine)
 
@@ -106,6 +106,19 @@ def test_ask_uses_sources_and_the_cache(http):
         again["usage"]["total_tokens"]
         == again["usage"]["prompt_tokens"] + again["usage"]["completion_tokens"]
     )
+
+
+def test_ask_with_max_tokens_answers_as_pipeline_ask_does(http, pipeline):
+    """Given max_tokens, /v1/ask keeps the pipeline's other sampling settings (its repetition penalty
+    among them): the API and Pipeline.ask give the same answer to the same question."""
+    question = "Who leads the Zorblax team and when do they meet?"
+    over_http = _ask(http, question, max_tokens=40)
+    params = pipeline.config.sampling_params(max_tokens=40)
+    direct = pipeline.ask(question, params=params, namespace=ANONYMOUS)  # the API's tenant: same prompt
+    assert direct.usage.prompt_tokens == over_http["usage"]["prompt_tokens"]
+    assert over_http["text"] == direct.text
+    without_penalty = replace(params, repetition_penalty=1.0)  # what the API used to generate with
+    assert pipeline.ask(question, params=without_penalty, namespace=ANONYMOUS).text != direct.text
 
 
 def test_ask_stream_event_order(http):
@@ -207,7 +220,7 @@ def test_server_keeps_serving(http):
 
 def test_ingestion_persists(http, settings, engine):
     """What was acknowledged is in the saved index: a pipeline loaded from it has the documents."""
-    from rag.api.pipeline_factory import build_pipeline
+    from rag.api.services import build_pipeline
 
     assert (
         http.post("/v1/documents", json=[{"id": "durable.md", "text": "Saved before the 201."}]).status_code

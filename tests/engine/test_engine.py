@@ -260,3 +260,15 @@ def test_long_prompt_prefills_in_chunks_with_identical_output(loaded_model, engi
         assert chunked.generate(prompt, GREEDY).token_ids == engine_nocache.generate(prompt, GREEDY).token_ids
     finally:
         chunked.close()
+
+
+def test_the_cache_takes_its_policy_parameters_from_the_engine_config(loaded_model):
+    config = EngineConfig(
+        model=loaded_model.model_id, cache_bytes=1 << 24, eviction="gdsf", gdsf_attention_window=512
+    )
+    eng = Engine(loaded_model.model, loaded_model.tokenizer, model_id=loaded_model.model_id, config=config)
+    try:
+        assert eng.cache.policy.name == "gdsf" and eng.cache.policy.attention_window == 512
+        assert eng.cache.capacity_bytes == 1 << 24
+    finally:
+        eng.close()

@@ -124,6 +124,35 @@ def test_bad_questions(pipeline, question, top_k):
         pipeline.ask(question, top_k=top_k)
 
 
+def test_top_k_defaults_to_the_config_and_is_checked_on_an_empty_index_too(pipeline, engine, embedder):
+    assert len(pipeline.retrieve("Zorblax secret code")) == pipeline.config.top_k
+    empty = Pipeline(RAGConfig(), engine=engine, knowledge_base=KnowledgeBase(embedder=embedder))
+    with pytest.raises(ValueError, match="top_k must be a positive integer, got 0"):
+        empty.retrieve("anything", top_k=0)
+
+
+def test_a_source_scores_its_similarity_to_the_question_however_many_candidates(
+    engine, embedder, llm_tokenizer
+):
+    """Alone in the index, the best match used to score 0.0 (min-max over one candidate); the score
+    is the question-chunk cosine similarity, the same with one candidate or many."""
+    question = "What is the secret code of the Zorblax project?"
+
+    def source_score(docs: list[Document]) -> float:
+        config = RAGConfig(max_tokens=4)
+        kb = KnowledgeBase(config, embedder=embedder, chunker=Chunker(llm_tokenizer))
+        p = Pipeline(config, engine=engine, knowledge_base=kb)
+        p.add_documents(docs)
+        sources = p.ask(question, namespace="t-score").sources
+        return next(s.score for s in sources if s.doc_id == FACT.id)
+
+    alone = source_score([FACT])
+    among_many = source_score([*SMALL_CORPUS, FACT])
+    expected = float(embedder.embed_query(question) @ embedder.embed([FACT.text])[0])
+    assert alone == pytest.approx(expected, abs=1e-5) and alone > 0.3
+    assert among_many == pytest.approx(alone, abs=1e-6)
+
+
 def test_over_long_question_is_a_clear_error(pipeline):
     with pytest.raises(ValueError, match="budget"):
         pipeline.ask("why " * 9000)

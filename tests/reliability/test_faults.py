@@ -100,7 +100,7 @@ def test_sigkill_during_ingestion_keeps_every_acknowledged_document(tmp_path, se
     live = current_version(index)
 
     # restart on the same data (in-process, on the session's model)
-    from rag.api.pipeline_factory import build_pipeline
+    from rag.api.services import build_pipeline
 
     settings = Settings(index_dir=index, warm_up=False)
     pipeline = build_pipeline(settings, engine)

@@ -59,7 +59,7 @@ def sandbox(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def http(serve, engine, sandbox):
     """A server whose data dir and temporary dir both live in the sandbox."""
-    from rag.api.pipeline_factory import build_pipeline
+    from rag.api.services import build_pipeline
 
     settings = Settings(index_dir=sandbox / "data", max_body_bytes=MAX_BODY, max_documents_per_request=20)
     pipeline = build_pipeline(settings.model_copy(update={"warm_up": False}), engine)

@@ -37,7 +37,7 @@ EXAMPLES = {GenerationMode.POSITIVE: 8, GenerationMode.NEGATIVE: 5}
 
 @pytest.fixture(scope="module")
 def server(serve, engine, tmp_path_factory):
-    from rag.api.pipeline_factory import build_pipeline
+    from rag.api.services import build_pipeline
 
     config = Settings(
         index_dir=tmp_path_factory.mktemp("fuzz") / "index",

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from rag.api import Settings
-from rag.api.pipeline_factory import build_pipeline
+from rag.api.services import build_pipeline
 from tests.api.conftest import make_engine
 from tests.api.helpers import assert_error, wait_until
 from tests.reliability import support

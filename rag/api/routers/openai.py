@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel
 
+from engine.request import GenerationResult
 from rag.api.access import search_scope
 from rag.api.bridge import SSE_HEADERS, ClosingStreamingResponse
 from rag.api.chat_retrieval import grounded_chat
@@ -31,9 +36,11 @@ from rag.api.schemas.openai import (
     ModelCard,
     ModelList,
     Usage,
+    finish_reason,
     new_id,
     now,
 )
+from rag.api.schemas.rag import SourceOut
 from rag.api.services import Services
 from rag.api.sse import chat_frames, completion_frames, guarded, openai_error_frames
 
@@ -89,30 +96,9 @@ async def chat_completions(
     gen = await Generation.start(
         services, "chat", prompt, params, namespace=principal.namespace(body.cache_salt)
     )
-    cid, created = new_id("chatcmpl"), now()
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        frames = chat_frames(
-            gen, chunk_id=cid, created=created, model=model, include_usage=include_usage, sources=sources
-        )
-        return ClosingStreamingResponse(
-            guarded(frames, gen, openai_error_frames), media_type="text/event-stream", headers=SSE_HEADERS
-        )
-    result = await gen.collect(request)
-    if result is None:
-        return Response(status_code=499)
-    return ChatCompletion(
-        id=cid,
-        created=created,
-        model=model,
-        choices=[
-            ChatChoice(
-                message=AssistantMessage(content=result.text), finish_reason=_finish(result.finish_reason)
-            )
-        ],
-        usage=Usage.of(result.prompt_tokens, result.cached_tokens, result.completion_tokens),
-        sources=sources,
-    )
+    frames = functools.partial(chat_frames, sources=sources)
+    body_of = functools.partial(_chat_completion, sources=sources)
+    return await _reply(gen, request, body, _Reply("chatcmpl", model, frames, body_of))
 
 
 @router.post("/completions", response_model=Completion, responses=_SSE_DOC)
@@ -133,25 +119,7 @@ async def completions(
     gen = await Generation.start(
         services, "completions", prompt, params, namespace=principal.namespace(body.cache_salt)
     )
-    cid, created = new_id("cmpl"), now()
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        frames = completion_frames(
-            gen, chunk_id=cid, created=created, model=model, include_usage=include_usage
-        )
-        return ClosingStreamingResponse(
-            guarded(frames, gen, openai_error_frames), media_type="text/event-stream", headers=SSE_HEADERS
-        )
-    result = await gen.collect(request)
-    if result is None:
-        return Response(status_code=499)
-    return Completion(
-        id=cid,
-        created=created,
-        model=model,
-        choices=[CompletionChoice(text=result.text, finish_reason=_finish(result.finish_reason))],
-        usage=Usage.of(result.prompt_tokens, result.cached_tokens, result.completion_tokens),
-    )
+    return await _reply(gen, request, body, _Reply("cmpl", model, completion_frames, _completion))
 
 
 @router.get("/models", response_model=ModelList)
@@ -182,5 +150,54 @@ def _check_model(services: Services, requested: str | None) -> str:
     return names[0]
 
 
-def _finish(reason: str) -> str:
-    return reason if reason in ("stop", "length") else "stop"
+@dataclass(frozen=True)
+class _Reply:
+    """How one route answers: its id prefix, the served model, its SSE frames and its JSON body."""
+
+    id_prefix: str
+    model: str
+    frames: Callable[..., AsyncIterator[str]]
+    body: Callable[[str, int, str, GenerationResult], BaseModel]
+
+
+async def _reply(
+    gen: Generation, request: Request, body: ChatCompletionRequest | CompletionRequest, reply: _Reply
+) -> Any:
+    """Server-sent events with ``stream: true``, else the whole result (499 if the client left first)."""
+    cid, created = new_id(reply.id_prefix), now()
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        frames = reply.frames(
+            gen, chunk_id=cid, created=created, model=reply.model, include_usage=include_usage
+        )
+        return ClosingStreamingResponse(
+            guarded(frames, gen, openai_error_frames), media_type="text/event-stream", headers=SSE_HEADERS
+        )
+    result = await gen.collect(request)
+    if result is None:
+        return Response(status_code=499)
+    return reply.body(cid, created, reply.model, result)
+
+
+def _chat_completion(
+    cid: str, created: int, model: str, r: GenerationResult, *, sources: list[SourceOut] | None = None
+) -> ChatCompletion:
+    message = AssistantMessage(content=r.text)
+    return ChatCompletion(
+        id=cid,
+        created=created,
+        model=model,
+        choices=[ChatChoice(message=message, finish_reason=finish_reason(r.finish_reason))],
+        usage=Usage.of(r.prompt_tokens, r.cached_tokens, r.completion_tokens),
+        sources=sources,
+    )
+
+
+def _completion(cid: str, created: int, model: str, r: GenerationResult) -> Completion:
+    return Completion(
+        id=cid,
+        created=created,
+        model=model,
+        choices=[CompletionChoice(text=r.text, finish_reason=finish_reason(r.finish_reason))],
+        usage=Usage.of(r.prompt_tokens, r.cached_tokens, r.completion_tokens),
+    )

@@ -19,6 +19,7 @@ from fastapi import APIRouter
 
 from rag.api.deps import ServicesDep
 from rag.api.services import Services
+from rag.api.version import package_version
 
 router = APIRouter(tags=["worker"], include_in_schema=False)
 
@@ -41,17 +42,20 @@ async def model_info(services: ServicesDep) -> dict[str, Any]:
 @router.get("/server_info")
 @router.get("/get_server_info")
 async def server_info(services: ServicesDep) -> dict[str, Any]:
-    """Server limits and state (SGLang's ``/get_server_info`` names where one applies)."""
-    from rag.api.app import _version
+    """Server limits and state (SGLang's ``/get_server_info`` names where one applies).
 
+    ``prefix_caching`` is what the loaded engine decided (it turns caching off for models whose KV
+    cannot be reused exactly, whatever the settings ask), null while the model loads.
+    """
     settings = services.settings
+    engine = services.engine
     return {
         "served_model_name": _model_id(services),
-        "version": _version(),
+        "version": package_version(),
         "state": services.state,
         "dp_size": 1,
         "max_running_requests": settings.max_inflight,
-        "prefix_caching": bool(settings.engine.enable_prefix_cache and settings.engine.cache_bytes > 0),
+        "prefix_caching": None if engine is None else bool(getattr(engine, "caching", False)),
         "cache_bytes": settings.engine.cache_bytes,
     }
 

@@ -127,6 +127,15 @@ class Usage(BaseModel):
         )
 
 
+def finish_reason(reason: str | None) -> str:
+    """OpenAI's ``finish_reason`` for the engine's: ``length`` when the token cap ended it, else ``stop``.
+
+    >>> finish_reason("length"), finish_reason("cancelled"), finish_reason(None)
+    ('length', 'stop', 'stop')
+    """
+    return reason if reason in ("stop", "length") else "stop"
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str

@@ -48,9 +48,14 @@ class AskRequest(RequestModel):
 
 
 class SourceOut(BaseModel):
+    """A retrieved chunk the answer may cite as ``[n]`` (``sources[n - 1]``), in prompt order."""
+
     doc_id: str
     chunk_id: str
-    score: float
+    score: float = Field(
+        description="cosine similarity of the question's and the chunk's embeddings, from -1 to 1 "
+        "(higher is closer); the same measure however many chunks were candidates"
+    )
     text: str
     collection: str = DEFAULT_COLLECTION
 
@@ -63,10 +68,12 @@ class AskUsage(BaseModel):
 
 
 class TimingsOut(BaseModel):
-    retrieve_ms: float
-    rerank_ms: float
-    ttft_ms: float
-    total_ms: float
+    """Milliseconds, measured from the moment the question reached the pipeline."""
+
+    retrieve_ms: float = Field(description="first-stage retrieval, milliseconds")
+    rerank_ms: float = Field(description="reranking, milliseconds (0 without a reranker)")
+    ttft_ms: float = Field(description="to the first answer token, retrieval included, milliseconds")
+    total_ms: float = Field(description="to the last answer token, milliseconds")
 
 
 class AskResponse(BaseModel):

@@ -16,12 +16,13 @@ from rag.benchmark.router import (
     Outcome,
     RouterBenchConfig,
     configurations,
-    oracle_hit_rate,
     plan_stream,
     replay,
     summarize,
 )
 from rag.benchmark.router_report import results_table, write_plot, write_report
+from rag.benchmark.stats import percentile
+from rag.benchmark.workload import popularity_order, subject_of
 from rag.cli import app
 from tests.engine.test_remote import reply, tiny_server
 
@@ -40,10 +41,12 @@ def test_the_stream_is_seeded_and_zipf_skewed() -> None:
     assert all("topic number" in p.question for p in plan)
 
 
-def test_oracle_counts_shared_prefixes_capped_at_len_minus_one() -> None:
-    assert oracle_hit_rate([[1, 2, 3, 4], [1, 2, 3, 5]]) == 3 / 8
-    assert oracle_hit_rate([[1, 2, 3], [1, 2, 3]]) == 2 / 6  # one token is always computed
-    assert oracle_hit_rate([[7, 8], [9, 9]]) == 0.0
+def test_the_stream_reuses_the_workload_popularity_and_subjects() -> None:
+    """One Zipf law, one popularity order, one subject phrasing for both benchmarks."""
+    plan = plan_stream(RouterBenchConfig(requests=200, skew=1.2, seed=5), TITLES)
+    most_popular = popularity_order(list(TITLES), 5)[0]
+    assert Counter(p.topic for p in plan).most_common(1)[0][0] == most_popular
+    assert all(subject_of(TITLES[p.topic]) in p.question for p in plan)
 
 
 def test_summarize_splits_hits_and_misses_and_counts_per_replica() -> None:
@@ -61,6 +64,7 @@ def test_summarize_splits_hits_and_misses_and_counts_per_replica() -> None:
     assert row["token_hit_rate"] == 90 / 200 and row["replica_token_hit_rate"] == 90 / 200
     assert row["ttft_s"]["n"] == 2 and row["ttft_s"]["mean"] == pytest.approx(1.1)
     assert row["hit_ttft_s"]["mean"] == 0.2 and row["miss_ttft_s"]["mean"] == 2.0
+    assert row["ttft_s"]["p95"] == percentile([2.0, 0.2], 95)  # the p95 every report computes
     assert [r["requests"] for r in row["per_replica"]] == [1, 1]
     assert row["errors"] == ["EngineError: boom"] and row["requests_per_s"] == 0.5
 

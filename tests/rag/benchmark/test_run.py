@@ -13,7 +13,7 @@ import pytest
 
 from rag.benchmark import BenchConfig, run_benchmark
 from rag.benchmark.plots import PLOTS
-from rag.benchmark.report import rerender
+from rag.benchmark.report import ENGINE_TITLE, RADIX_TITLE, rerender
 from rag.ingestion.chunking import Chunker
 from rag.ingestion.loaders import load_python_reference
 from rag.ingestion.store import KnowledgeBase
@@ -63,7 +63,7 @@ def test_report_embeds_every_plot_and_states_the_figures(run):
     report = (out / "report.md").read_text()
     for name in PLOTS:
         assert f"]({name})" in report
-    for heading in ("## Headline", "## Targets", "## Engine section", "## Radix section", "## Method"):
+    for heading in ("## Headline", "## Targets", f"## {ENGINE_TITLE}", f"## {RADIX_TITLE}", "## Method"):
         assert heading in report
     assert results["meta"]["date"][:4] in report and "cores" in report
     assert "llama.cpp" in report
@@ -143,6 +143,35 @@ def test_fit_targets_and_sections(run):
     assert "3000" in results["radix_section"]["results"]["lru"]
     assert results["baselines"]["llama_cpp"]["note"]
     assert set(results["ttft_samples"]) == set(results["measured"])
+
+
+def test_ratios_compare_the_same_requests(run):
+    """Caching off and transformers run on a sample of the stream: every ratio with them is taken on
+    the requests both sides ran, and their turns rotate within a round like the engines'."""
+    _, results = run
+    measured, samples = results["measured"], results["ttft_samples"]
+    off, hf = measured["caching off"], measured["transformers generate"]
+    assert set(hf["indices"]) <= set(off["indices"]) and 0 < len(off["indices"]) < TINY.requests
+    for name, m in measured.items():
+        at = dict(zip(m["indices"], samples[name]))
+        pairs = [(at[i], t) for i, t in zip(off["indices"], samples["caching off"]) if i in at]
+        assert m["vs_off"]["requests"] == len(pairs) > 0
+        expected = sum(t for _, t in pairs) / sum(t for t, _ in pairs)
+        assert m["speedup_vs_off_mean"] == pytest.approx(expected)
+    ref = measured[results["headline"]["reference_name"]]
+    vs_hf = results["headline"]["vs_transformers"]
+    at = dict(zip(ref["indices"], samples[results["headline"]["reference_name"]]))
+    assert vs_hf["ttft_s"]["mean"] == pytest.approx(sum(at[i] for i in hf["indices"]) / len(hf["indices"]))
+    assert max(off["places"]) > min(off["places"])  # not always after the cached engines
+    for m in measured.values():
+        assert len(m["places"]) == m["requests"]
+
+
+def test_report_names_targets_by_what_they_measure(run):
+    out, _ = run
+    report = (out / "report.md").read_text()
+    assert "issue" not in report.lower()
+    assert "median of 1 runs" in report and "vs off, same requests" in report
 
 
 def test_steady_state_continues_the_measured_stream(run):

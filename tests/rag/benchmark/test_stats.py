@@ -1,4 +1,4 @@
-"""Summaries and the TTFT line fit."""
+"""Summaries, the TTFT line fit, and how requests are shared and ordered between configurations."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from rag.benchmark.measure import sample_indices
-from rag.benchmark.results import throughput
+from rag.benchmark.measure import Measurement, rotated, sample_indices, sampled_requests
+from rag.benchmark.results import paired_speedup, throughput
 from rag.benchmark.stats import fit_line, percentile, summarize
 
 
@@ -58,3 +58,28 @@ def test_sample_indices(n, k, expected):
 def test_throughput():
     assert throughput(1.0, 0.1, 11) == pytest.approx(5.5)
     assert throughput(2.0, 0.0, 1) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("n", "off", "hf"), [(96, 12, 6), (16, 3, 2), (6, 2, 1), (10, 4, 9)])
+def test_the_baselines_run_on_requests_every_configuration_shares(n, off, hf):
+    off_at, hf_at = sampled_requests(n, off, hf)
+    assert len(off_at) == min(n, off) and hf_at <= off_at and len(hf_at) == min(hf, len(off_at))
+    assert {0, n - 1} <= off_at  # spread over the whole stream
+
+
+def test_every_turn_takes_every_place_over_the_rounds():
+    turns = ["engine-a", "engine-b", "caching off", "transformers"]
+    firsts = [rotated(turns, i)[0] for i in range(8)]
+    assert sorted(firsts) == sorted(turns * 2)
+    assert rotated([], 3) == [] and rotated(turns, 0) == turns
+
+
+def test_paired_speedup_compares_the_same_requests():
+    on = Measurement("on", "engine", indices=[0, 1, 2, 3], ttft_s=[2.0, 0.1, 0.1, 1.0])
+    off = Measurement("off", "engine-off", indices=[0, 3], ttft_s=[3.0, 3.0])
+    paired = paired_speedup(on, off)
+    assert paired["requests"] == 2 and paired["ttft_s"]["mean"] == pytest.approx(1.5)
+    assert paired["speedup_mean"] == pytest.approx(2.0)  # not 3.0 / 0.8, the whole stream's mean
+    assert math.isnan(
+        paired_speedup(on, Measurement("x", "engine-off", indices=[7], ttft_s=[1.0]))["speedup_mean"]
+    )

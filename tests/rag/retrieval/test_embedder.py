@@ -34,3 +34,12 @@ def test_any_sentence_transformers_dir_works(embedder):
 def test_bad_embedder_name():
     with pytest.raises(ValueError, match="sentence-transformers model directory"):
         Embedder("no-such-embedder")
+
+
+def test_a_query_is_embedded_once_and_read_only(embedder):
+    question = "How is a query vector reused between retrieval and source scores?"
+    first = embedder.embed_query(question)
+    assert embedder.embed_query(question) is first  # retrieval, then the sources' scores
+    assert np.array_equal(first, embedder.embed([question])[0])
+    with pytest.raises(ValueError):
+        first[0] = 1.0

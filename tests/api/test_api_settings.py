@@ -1,0 +1,35 @@
+"""Settings from the environment: every server setting has one source, and a misplaced one fails loudly."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from rag.api import Settings
+from rag.api.services import build_pipeline
+
+
+def test_engine_and_rag_variables_reach_the_pipeline(monkeypatch, tmp_path):
+    monkeypatch.setenv("PREFIXRAG_ENGINE__CACHE_BYTES", str(3 << 20))
+    monkeypatch.setenv("PREFIXRAG_RAG__TOP_K", "6")
+    monkeypatch.setenv("PREFIXRAG_INDEX_DIR", str(tmp_path / "index"))
+    settings = Settings(warm_up=False)
+    pipeline = build_pipeline(settings, engine=None)  # the engine would be built from config.engine
+    assert pipeline.config.engine.cache_bytes == 3 << 20 == settings.engine.cache_bytes
+    assert pipeline.config.top_k == 6 and pipeline.config.index_dir == tmp_path / "index"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "instead"),
+    [
+        ("PREFIXRAG_RAG__ENGINE__CACHE_BYTES", "1048576", "PREFIXRAG_ENGINE__*"),
+        ("PREFIXRAG_RAG__ENGINE__MODEL", "some-model", "PREFIXRAG_ENGINE__*"),
+        ("PREFIXRAG_RAG__INDEX_DIR", "/srv/index", "PREFIXRAG_INDEX_DIR"),
+    ],
+)
+def test_a_setting_the_server_would_ignore_is_an_error(monkeypatch, variable, value, instead):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(
+        ValidationError, match=f"is not used by the server: set {instead.replace('*', '[*]')}"
+    ):
+        Settings()

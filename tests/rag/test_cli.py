@@ -1,0 +1,69 @@
+"""The `make demo` path as a user runs it: `prefixrag ingest`, `prefixrag ask` and `prefixrag demo` on a
+small corpus, with their own $PREFIXRAG_HOME and index directory (the converted model is linked in, so
+nothing is converted twice)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.models import DEFAULT_MODEL, converted_dir, resolve_model_path
+from rag.cli import app
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    """A fresh $PREFIXRAG_HOME holding only a link to the converted default model."""
+    resolve_model_path(DEFAULT_MODEL)  # converted once, in the real home
+    home = tmp_path_factory.mktemp("prefixrag-home")
+    model = converted_dir(DEFAULT_MODEL)
+    (home / "models").mkdir()
+    (home / "models" / model.name).symlink_to(model, target_is_directory=True)
+    return home
+
+
+@pytest.fixture
+def user(home, monkeypatch) -> CliRunner:
+    monkeypatch.setenv("PREFIXRAG_HOME", str(home))
+    return CliRunner()
+
+
+def test_ingest_then_ask(user, tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "kestrel.md").write_text("# Kestrel lab\n\nThe Kestrel lab wifi password is bluefinch22.\n")
+    (docs / "lyon.txt").write_text("The Lyon office has a blue door and a red bicycle rack.\n")
+    index = tmp_path / "index"
+
+    first = user.invoke(app, ["ingest", str(docs), "--index", str(index)])
+    assert first.exit_code == 0, first.output
+    assert "2 added, 0 updated, 0 unchanged" in first.output and (index / "CURRENT").exists()
+    again = user.invoke(app, ["ingest", str(docs), "--index", str(index)])
+    assert "0 added, 0 updated, 2 unchanged" in again.output, again.output
+
+    asked = user.invoke(
+        app, ["ask", "What is the Kestrel lab wifi password?", "--index", str(index), "--max-tokens", "12"]
+    )
+    assert asked.exit_code == 0, asked.output
+    assert "bluefinch" in asked.output and "kestrel.md" in asked.output
+    assert "time to first token" in asked.output
+
+
+def test_ask_without_an_index_says_so(user, tmp_path):
+    asked = user.invoke(app, ["ask", "Hello?", "--index", str(tmp_path / "nothing"), "--max-tokens", "2"])
+    assert asked.exit_code == 0, asked.output
+    assert "no documents in" in asked.output
+
+
+def test_demo_command(user, home):
+    """`make demo` runs `prefixrag demo`; here on one topic and one question, asked twice."""
+    shown = user.invoke(app, ["demo", "--topics", "1", "--questions", "1", "--max-tokens", "4"])
+    assert shown.exit_code == 0, shown.output
+    assert "corpus: Python language reference, 1 topics" in shown.output
+    assert (home / "indexes" / "python-reference" / "CURRENT").exists()
+    again = next(line for line in shown.output.splitlines() if "│ again" in line)
+    prompt, cached = (int(cell) for cell in again.split("│")[3:5])
+    assert cached == prompt - 1  # the repeated question reuses all but its last token
+    assert "prefix cache" in shown.output and "faster" in shown.output

@@ -36,6 +36,10 @@ _LEGACY_FORMAT = 1  # one collection, its files at the top of the version direct
 # Fields fixed at ingest time: a saved index is only valid with the same values.
 INGEST_FIELDS = ("embedder", "tokenizer_model", "chunk_size", "chunk_overlap", "title_in_embedding")
 
+# Not properties of an index: where it lives, and the engine that answers from it (indexes saved
+# before this rule carry an "engine" entry, which loading ignores).
+_NOT_SAVED = {"index_dir", "engine"}
+
 
 @dataclass
 class SavedCollection:
@@ -88,7 +92,7 @@ def write_index(
         )
     manifest = {
         "format": FORMAT_VERSION,
-        "config": config.model_dump(mode="json", exclude={"index_dir"}),
+        "config": config.model_dump(mode="json", exclude=_NOT_SAVED),
         "collections": entries,
         "n_documents": sum(e["n_documents"] for e in entries),
         "n_chunks": sum(e["n_chunks"] for e in entries),
@@ -110,7 +114,8 @@ def read_config(version: Path) -> RAGConfig:
     manifest = _manifest(version)
     if manifest.get("format") not in (FORMAT_VERSION, _LEGACY_FORMAT):
         raise ValueError(f"{version}: unsupported index format {manifest.get('format')!r}")
-    return RAGConfig.model_validate(manifest["config"])
+    saved = {k: v for k, v in manifest["config"].items() if k not in _NOT_SAVED}
+    return RAGConfig.model_validate(saved)
 
 
 def read_index(version: Path, config: RAGConfig) -> SavedIndex:

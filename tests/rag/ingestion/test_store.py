@@ -99,6 +99,23 @@ def test_save_load_round_trip(make_kb, embedder, tmp_path):
     assert loaded.last_ingest.unchanged == 4  # digests survive the round trip
 
 
+def test_the_engine_config_is_not_part_of_a_saved_index(make_kb, embedder, tmp_path):
+    """An index does not depend on the engine that answers from it: none is saved, and an "engine"
+    entry in an older manifest (with fields this version does not know) is ignored."""
+    import json
+
+    kb = make_kb()
+    kb.add_documents(SMALL_CORPUS[:1])
+    manifest_path = kb.save(tmp_path) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert "engine" not in manifest["config"]
+    manifest["config"]["engine"] = {"cache_bytes": 1, "a_field_from_another_version": True}
+    manifest_path.write_text(json.dumps(manifest))
+    loaded = KnowledgeBase.load(tmp_path, embedder=embedder)
+    assert loaded.config.engine == RAGConfig().engine
+    assert [d.id for d in loaded.list_documents()] == [SMALL_CORPUS[0].id]
+
+
 def test_load_rejects_a_different_ingest_config(make_kb, tmp_path):
     kb = make_kb()
     kb.add_documents(SMALL_CORPUS[:1])

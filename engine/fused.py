@@ -21,7 +21,6 @@ import torch.nn.functional as F
 
 from engine.kv import KVBuffer
 from engine.prefill_shapes import (
-    KEY_BLOCK,
     aligned_keys,
     calibrate_query_rows,
     key_block_spans,
@@ -274,13 +273,6 @@ class FusedLlamaRunner:
         return torch.tensor(ids, dtype=torch.long, device=self.device)
 
     @staticmethod
-    def _clear_key_padding(buffer: KVBuffer, start: int, end: int) -> None:
-        """Zero keys/values [start, end) of every layer: attention reads them (masked), so finite."""
-        k_store, v_store = buffer.stores()
-        k_store[:, :, :, start:end] = 0
-        v_store[:, :, :, start:end] = 0
-
-    @staticmethod
     def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
         if x.shape[0] >= rows:
             return x
@@ -305,8 +297,7 @@ class FusedLlamaRunner:
             raise ValueError(f"sequence of {past + s} tokens exceeds the model's {self.max_context}")
         buffer.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
         keys_end = aligned_keys(past + s)
-        buffer.reserve(keys_end)
-        self._clear_key_padding(buffer, past + s, keys_end)
+        buffer.reserve(keys_end)  # attention reads keys up to keys_end, masked past past + s
         ids = self._padded_ids(token_ids, prefill_rows(s))  # [R] rows, the real ones first
         x = F.embedding(ids, self.embed)  # [R, hidden]
         positions = torch.arange(past, past + len(ids), device=self.device)
@@ -346,8 +337,6 @@ class FusedLlamaRunner:
                 raise ValueError(f"sequence of {p + 1} tokens exceeds the model's {self.max_context}")
             b.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
             b.reserve(end)
-            if exact and p % KEY_BLOCK == 0:  # p opens a key block; otherwise a prefill or step cleared it
-                self._clear_key_padding(b, p + 1, end)
         batch = len(token_ids)
         ids = self._padded_ids(token_ids, self._rows(batch, self.decode_padding))  # [B'] >= B rows
         x = F.embedding(ids, self.embed)  # [B', hidden]

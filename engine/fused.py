@@ -273,6 +273,14 @@ class FusedLlamaRunner:
         return torch.tensor(ids, dtype=torch.long, device=self.device)
 
     @staticmethod
+    def _clear_key_padding(buffer: KVBuffer, start: int, end: int) -> None:
+        """Zero every layer's keys/values [start, end): attention reads them under the mask, so they
+        must be finite, and recycled storage may hold anything."""
+        k_store, v_store = buffer.stores()
+        k_store[:, :, :, start:end] = 0
+        v_store[:, :, :, start:end] = 0
+
+    @staticmethod
     def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
         if x.shape[0] >= rows:
             return x
@@ -297,7 +305,8 @@ class FusedLlamaRunner:
             raise ValueError(f"sequence of {past + s} tokens exceeds the model's {self.max_context}")
         buffer.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
         keys_end = aligned_keys(past + s)
-        buffer.reserve(keys_end)  # attention reads keys up to keys_end, masked past past + s
+        buffer.reserve(keys_end)
+        self._clear_key_padding(buffer, past + s, keys_end)
         ids = self._padded_ids(token_ids, prefill_rows(s))  # [R] rows, the real ones first
         x = F.embedding(ids, self.embed)  # [R, hidden]
         positions = torch.arange(past, past + len(ids), device=self.device)
@@ -337,6 +346,8 @@ class FusedLlamaRunner:
                 raise ValueError(f"sequence of {p + 1} tokens exceeds the model's {self.max_context}")
             b.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
             b.reserve(end)
+            if exact:
+                self._clear_key_padding(b, p + 1, end)
         batch = len(token_ids)
         ids = self._padded_ids(token_ids, self._rows(batch, self.decode_padding))  # [B'] >= B rows
         x = F.embedding(ids, self.embed)  # [B', hidden]

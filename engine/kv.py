@@ -183,6 +183,8 @@ class _BufferLayer(DynamicLayer):
         self.is_initialized = True
         if shown == end:
             return self.keys, self.values
+        owner.k_store[self.index, :, :, end:shown] = 0  # read under the mask: must be finite
+        owner.v_store[self.index, :, :, end:shown] = 0
         return owner.k_store[self.index, :, :, :shown], owner.v_store[self.index, :, :, :shown]
 
     def get_seq_length(self) -> int:
@@ -231,17 +233,16 @@ class KVBuffer(Cache):
     def ensure_storage(
         self, heads: int, head_dim: int, dtype: torch.dtype, device: Any = "cpu", value_dim: int | None = None
     ) -> None:
-        """Allocate the storage on first use (shapes come from the model), zero-filled: attention reads
-        keys past ``length`` masked (see engine.prefill_shapes), and a masked key must be finite."""
+        """Allocate the storage on first use (shapes come from the model)."""
         if self.k_store is not None:
             return
         shape = (self.num_layers, 1, heads, self.capacity)
-        self.k_store = torch.zeros(*shape, head_dim, dtype=dtype, device=device)
-        self.v_store = torch.zeros(*shape, value_dim or head_dim, dtype=dtype, device=device)
+        self.k_store = torch.empty(*shape, head_dim, dtype=dtype, device=device)
+        self.v_store = torch.empty(*shape, value_dim or head_dim, dtype=dtype, device=device)
 
     def adopt_storage(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Use existing ``[layers, 1, heads, capacity, dim]`` storage (recycled from a finished request:
-        its contents, finite, are ignored) instead of allocating on first use."""
+        """Use existing ``[layers, 1, heads, capacity, dim]`` storage (recycled from a finished request;
+        its contents are ignored) instead of allocating on first use."""
         if self.k_store is not None or self.length:
             raise ValueError("adopt_storage needs a buffer without storage")
         if keys.dim() != 5 or keys.shape[:4] != values.shape[:4] or keys.shape[0] != self.num_layers:
@@ -282,8 +283,8 @@ class KVBuffer(Cache):
             return
         assert self.k_store is not None and self.v_store is not None
         new_cap = max(tokens, 2 * self.capacity)
-        k = self.k_store.new_zeros(*self.k_store.shape[:3], new_cap, self.k_store.shape[4])
-        v = self.v_store.new_zeros(*self.v_store.shape[:3], new_cap, self.v_store.shape[4])
+        k = self.k_store.new_empty(*self.k_store.shape[:3], new_cap, self.k_store.shape[4])
+        v = self.v_store.new_empty(*self.v_store.shape[:3], new_cap, self.v_store.shape[4])
         held = max(self.layer_lengths)
         k[:, :, :, :held].copy_(self.k_store[:, :, :, :held])
         v[:, :, :, :held].copy_(self.v_store[:, :, :, :held])

@@ -7,7 +7,8 @@ Same interface as :class:`engine.runner.ModelRunner`, built from the HF model's 
   * ``decode_batch``: the projections and MLP of every running request run as one matmul (decode is
     memory-bound: B tokens cost about as much as one), attention per request over its own KV.
 Supported: llama / mistral (no sliding window) / qwen2 style layers (RMSNorm, RoPE via the model's own
-rotary module, SiLU-gated MLP, optional q/k/v bias). Anything else uses the generic ModelRunner.
+rotary module, SiLU-gated MLP, optional q/k/v and o_proj biases). Anything else uses the generic
+ModelRunner. Prefill runs engine.prefill_shapes' shapes, so reusing cached KV is exact.
 """
 
 from __future__ import annotations

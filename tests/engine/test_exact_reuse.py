@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine import SamplingParams
 from engine.fused import FusedLlamaRunner
 from engine.kv import BLOCK_TOKENS as BLOCK
 from engine.runner import ModelRunner
@@ -111,3 +112,23 @@ def test_next_turn_otherwise_differs_by_rounding_only(loaded_model, long_prompt,
     warm, cold = next_turn(runner, long_prompt, batch_mates=0)
     assert int(warm.argmax()) == int(cold.argmax())
     torch.testing.assert_close(warm, cold, atol=1e-3, rtol=0)
+
+
+def test_engine_first_token_logits_are_bit_exact(engine, engine_nocache, long_prompt, monkeypatch):
+    """The same through the engine: recycled buffers, slab-backed cache blocks, prefill chunked from
+    the match. The logits each engine samples the first token from are recorded on their way out."""
+    sampled = {}
+    for name, eng in (("cached", engine), ("uncached", engine_nocache)):
+
+        def recording(ids, buffer, real=eng.runner.prefill, name=name):
+            sampled[name] = real(ids, buffer)
+            return sampled[name]
+
+        monkeypatch.setattr(eng.runner, "prefill", recording)
+    one = SamplingParams(max_tokens=1)
+    earlier = long_prompt[:1500] + long_prompt[3000:3050]  # shares 1,500 tokens, then diverges
+    engine.generate(earlier, one, namespace="exact-logits")
+    warm = engine.generate(long_prompt[:2100], one, namespace="exact-logits")
+    engine_nocache.generate(long_prompt[:2100], one)
+    assert warm.cached_tokens == 1500
+    assert torch.equal(sampled["cached"], sampled["uncached"])

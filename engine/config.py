@@ -41,10 +41,11 @@ class EngineConfig(BaseModel):
     )
     batch_invariant: bool = Field(
         default=False,
-        description="fused runner: a request's decode never depends on what else is batched with it "
-        "(greedy output under load equals sequential output, bit for bit) at a slower single-stream "
-        "decode; off (vLLM's and SGLang's default): batched decode may round differently. "
-        "Cache reuse is exact either way (prefill rows are always padded)",
+        description="fused runner: decode runs a prefill's shapes, so a token's result never depends on "
+        "what else is batched with it (greedy output under load equals sequential output, bit for bit) "
+        "and a decoded answer's KV equals a prefill's (a follow-up turn that reuses it is exact), at a "
+        "slower single-stream decode; off (vLLM's and SGLang's default): batched decode and reused "
+        "answers may round differently. Reuse of prompt KV is exact either way (engine/prefill_shapes.py)",
     )
     prefill_chunk_tokens: int = Field(
         default=1024,

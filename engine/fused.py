@@ -7,7 +7,8 @@ Same interface as :class:`engine.runner.ModelRunner`, built from the HF model's 
   * ``decode_batch``: the projections and MLP of every running request run as one matmul (decode is
     memory-bound: B tokens cost about as much as one), attention per request over its own KV.
 Supported: llama / mistral (no sliding window) / qwen2 style layers (RMSNorm, RoPE via the model's own
-rotary module, SiLU-gated MLP, optional q/k/v bias). Anything else uses the generic ModelRunner.
+rotary module, SiLU-gated MLP, optional q/k/v and o_proj biases). Anything else uses the generic
+ModelRunner. Prefill runs engine.prefill_shapes' shapes, so reusing cached KV is exact.
 """
 
 from __future__ import annotations
@@ -20,9 +21,18 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv import KVBuffer
+from engine.prefill_shapes import (
+    aligned_keys,
+    calibrate_query_rows,
+    key_block_spans,
+    prefill_mask,
+    prefill_rows,
+    query_rows,
+)
 from engine.runner import prefix_reuse_blocker
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
+_Span = tuple[int, int, int, torch.Tensor | None]  # query rows [start, end), keys they read, mask
 
 
 def fused_unsupported_reason(model: Any) -> str | None:
@@ -57,7 +67,7 @@ def calibrate_row_padding(weight: torch.Tensor, limit: int = 16) -> list[int]:
     BLAS picks a different kernel for a few rows (GEMV for 1, special cases for 2-3, ...) whose rounding
     differs from the blocked GEMM. Padding every matmul's rows to an "invariant" count makes a token's
     result independent of how many other rows share the call: decode of 8 concurrent requests equals
-    8 sequential decodes bit for bit, and a cached-prefix suffix prefill equals the full prefill.
+    8 sequential decodes bit for bit. (Prefill calls use engine.prefill_shapes' padding instead.)
     """
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(64, weight.shape[1], generator=gen).to(weight.dtype)
@@ -105,6 +115,7 @@ class _Layer:
     wqkv: torch.Tensor  # [(H + 2 KVH) D, hidden]
     bqkv: torch.Tensor | None
     wo: torch.Tensor  # [hidden, H D]
+    bo: torch.Tensor | None
     wgu: torch.Tensor  # [2 I, hidden]
     wdown: torch.Tensor  # [hidden, I]
 
@@ -142,10 +153,16 @@ class FusedLlamaRunner:
         self.rotary = inner.rotary_emb
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim**-0.5))
         self.layers = [self._fuse(layer) for layer in inner.layers]
-        # prefill rows are always padded, so a cached-prefix suffix prefill equals the full prefill;
-        # decode rows only when batch_invariant (a 1-row GEMV is much faster than the padded GEMM)
+        # prefill calls always run prefill_shapes' padded shapes, so reuse of cached KV is exact;
+        # decode only when batch_invariant (a 1-row GEMV is much faster than the padded GEMM)
         self.row_padding = calibrate_row_padding(self.layers[0].wqkv)
         self.decode_padding = self.row_padding if batch_invariant else []
+        # batch_invariant decode attends in a prefill's shapes: its KV equals a prefill's
+        self.decode_query_rows = (
+            calibrate_query_rows(self.heads, self.kv_heads, self.head_dim, self.dtype, self.scale)
+            if batch_invariant
+            else 1
+        )
 
     @staticmethod
     def _fuse(layer: Any) -> _Layer:
@@ -160,12 +177,13 @@ class FusedLlamaRunner:
             wqkv=wqkv,
             bqkv=bias,
             wo=a.o_proj.weight,
+            bo=a.o_proj.bias,
             wgu=_fused_parameter([m.gate_proj, m.up_proj], "weight"),
             wdown=m.down_proj.weight,
         )
 
     def new_buffer(self, capacity: int) -> KVBuffer:
-        return KVBuffer(self.num_layers, capacity)
+        return KVBuffer(self.num_layers, aligned_keys(capacity))  # room for a prefill's key padding
 
     # ---- building blocks --------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -193,22 +211,53 @@ class FusedLlamaRunner:
         gate, up = F.linear(self._norm(x, layer.post_norm), layer.wgu).chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, layer.wdown)
 
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
-        # q: [S, H, D]; keys/values: [1, KVH, past+S, D] -> [S, H*D]
-        s = q.shape[0]
-        qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, S, D]
-        if s == 1:
+    def _attend(
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        past: int,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # q: [R, H, D], row i at position past + i; keys/values: [1, KVH, K, D] -> [R, H*D].
+        # Keys past the last query's position must be finite: the causal mask hides them.
+        r = q.shape[0]
+        qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, R, D]
+        if r == 1 and mask is None and keys.shape[2] == past + 1:  # one query over exactly its keys
             out = F.scaled_dot_product_attention(qh, keys, values, scale=self.scale, enable_gqa=True)
-        elif past == 0:
+        elif past == 0 and mask is None:  # top-left causal: query i sees keys 0..i
             out = F.scaled_dot_product_attention(
                 qh, keys, values, is_causal=True, scale=self.scale, enable_gqa=True
             )
-        else:  # causal with an offset: query i sees keys [0, past + i]
-            mask = torch.ones(s, past + s, dtype=torch.bool, device=q.device).tril(diagonal=past)
+        else:  # causal with an offset: query i sees keys 0..past + i
+            if mask is None:
+                mask = prefill_mask(r, past, keys.shape[2], q.device)
             out = F.scaled_dot_product_attention(
                 qh, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
             )
-        return out[0].transpose(0, 1).reshape(s, -1)
+        return out[0].transpose(0, 1).reshape(r, -1)
+
+    def _spans(self, past: int, s: int, keys_end: int) -> list[_Span]:
+        """How a prefill call's ``s`` queries attend: from position 0 one top-left causal call, else one
+        masked call per key block the queries' positions fall in (see engine.prefill_shapes)."""
+        if past == 0:
+            return [(0, s, keys_end, None)]
+        return [
+            (a, b, keys, prefill_mask(query_rows(b - a), past + a, keys, self.device))
+            for a, b, keys in key_block_spans(past, s)
+        ]
+
+    def _attend_spans(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, spans: list[_Span]
+    ) -> torch.Tensor:
+        # q: [R, H, D] -> [R, H*D]: each span's rows padded to whole query blocks; rows past the
+        # spans (matmul padding) attend to nothing
+        out = q.new_zeros(q.shape[0], self.heads * self.head_dim)
+        for start, end, n, mask in spans:
+            rows = self._pad_rows(q[start:end], query_rows(end - start))
+            attn = self._attend(rows, keys[:, :, :n], values[:, :, :n], past + start, mask)
+            out[start:end] = attn[: end - start]
+        return out
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [T] -> cos/sin [T, 1, D] broadcasting over heads
@@ -219,10 +268,18 @@ class FusedLlamaRunner:
         table = self.row_padding if table is None else table
         return table[n] if n < len(table) else n
 
-    def _padded_ids(self, token_ids: Sequence[int], table: Sequence[int] | None = None) -> torch.Tensor:
+    def _padded_ids(self, token_ids: Sequence[int], rows: int) -> torch.Tensor:
         ids = list(token_ids)
-        ids += [0] * (self._rows(len(ids), table) - len(ids))
+        ids += [0] * (rows - len(ids))
         return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    @staticmethod
+    def _clear_key_padding(buffer: KVBuffer, start: int, end: int) -> None:
+        """Zero every layer's keys/values [start, end): attention reads them under the mask, so they
+        must be finite, and recycled storage may hold anything."""
+        k_store, v_store = buffer.stores()
+        k_store[:, :, :, start:end] = 0
+        v_store[:, :, :, start:end] = 0
 
     @staticmethod
     def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -236,7 +293,11 @@ class FusedLlamaRunner:
     # ---- forward passes ---------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], buffer: KVBuffer) -> torch.Tensor:
-        """Extend ``buffer`` with ``token_ids``; return float32 logits of the last position ``[vocab]``."""
+        """Extend ``buffer`` with ``token_ids``; return float32 logits of the last position ``[vocab]``.
+
+        Every call runs engine.prefill_shapes' shapes (matmul rows, query blocks, key blocks), so a
+        token's KV and logits are the same bits however the prompt is split into calls.
+        """
         s = len(token_ids)
         if s == 0:
             raise ValueError("forward needs at least one token")
@@ -244,18 +305,23 @@ class FusedLlamaRunner:
         if past + s > self.max_context:
             raise ValueError(f"sequence of {past + s} tokens exceeds the model's {self.max_context}")
         buffer.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
-        buffer.reserve(past + s)
-        ids = self._padded_ids(token_ids)  # [S'] >= S rows, see calibrate_row_padding
-        x = F.embedding(ids, self.embed)  # [S', hidden]
+        keys_end = aligned_keys(past + s)
+        buffer.reserve(keys_end)
+        self._clear_key_padding(buffer, past + s, keys_end)
+        ids = self._padded_ids(token_ids, prefill_rows(s))  # [R] rows, the real ones first
+        x = F.embedding(ids, self.embed)  # [R, hidden]
         positions = torch.arange(past, past + len(ids), device=self.device)
         cos, sin = self._rotary(positions)
+        spans = self._spans(past, s, keys_end)
         k_store, v_store = buffer.stores()
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             k_store[i, 0, :, past : past + s] = k[:s].transpose(0, 1)
             v_store[i, 0, :, past : past + s] = v[:s].transpose(0, 1)
-            attn = self._attend(q[:s], k_store[i, :, :, : past + s], v_store[i, :, :, : past + s], past)
-            x = x + F.linear(self._pad_rows(attn, len(ids)), layer.wo)
+            attn = self._attend_spans(
+                q, k_store[i, :, :, :keys_end], v_store[i, :, :, :keys_end], past, spans
+            )
+            x = x + F.linear(attn, layer.wo, layer.bo)
             x = x + self._mlp(layer, x)
         buffer.set_length(past + s)
         return self._logits(self._pad_rows(x[s - 1 : s], self._rows(1)))[0]
@@ -268,30 +334,40 @@ class FusedLlamaRunner:
 
     @torch.inference_mode()
     def decode_batch(self, token_ids: Sequence[int], buffers: Sequence[KVBuffer]) -> list[torch.Tensor]:
-        """One token for each of B sequences: shared matmuls, attention per sequence."""
+        """One token for each of B sequences: shared matmuls, attention per sequence.
+
+        With ``batch_invariant`` a token is computed in a prefill's shapes (padded matmul rows, a full
+        query block over aligned keys), so its KV is the same bits a prefill would write.
+        """
         pasts = [b.length for b in buffers]
-        for b, p in zip(buffers, pasts):
+        exact = bool(self.decode_padding)
+        ends = [aligned_keys(p + 1) if exact else p + 1 for p in pasts]  # keys each attention reads
+        for b, p, end in zip(buffers, pasts, ends):
             if p + 1 > self.max_context:
                 raise ValueError(f"sequence of {p + 1} tokens exceeds the model's {self.max_context}")
             b.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
-            b.reserve(p + 1)
+            b.reserve(end)
+            if exact:
+                self._clear_key_padding(b, p + 1, end)
         batch = len(token_ids)
-        ids = self._padded_ids(token_ids, self.decode_padding)  # [B'] >= B rows
+        ids = self._padded_ids(token_ids, self._rows(batch, self.decode_padding))  # [B'] >= B rows
         x = F.embedding(ids, self.embed)  # [B', hidden]
         positions = torch.tensor(pasts + [0] * (len(ids) - batch), device=self.device)
         cos, sin = self._rotary(positions)
+        rows = self.decode_query_rows
+        masks = [prefill_mask(rows, p, end, self.device) if exact else None for p, end in zip(pasts, ends)]
         stores = [b.stores() for b in buffers]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)  # [B', H, D], [B', KVH, D]
             outs = []
             for j, (k_store, v_store) in enumerate(stores):
-                p = pasts[j]
+                p, end = pasts[j], ends[j]
                 k_store[i, 0, :, p] = k[j]
                 v_store[i, 0, :, p] = v[j]
-                outs.append(
-                    self._attend(q[j : j + 1], k_store[i, :, :, : p + 1], v_store[i, :, :, : p + 1], p)
-                )
-            x = x + F.linear(self._pad_rows(torch.cat(outs), len(ids)), layer.wo)
+                qj = self._pad_rows(q[j : j + 1], rows)  # [rows, H, D]
+                attn = self._attend(qj, k_store[i, :, :, :end], v_store[i, :, :, :end], p, masks[j])
+                outs.append(attn[:1])
+            x = x + F.linear(self._pad_rows(torch.cat(outs), len(ids)), layer.wo, layer.bo)
             x = x + self._mlp(layer, x)
         for b, p in zip(buffers, pasts):
             b.set_length(p + 1)

@@ -16,6 +16,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from engine.block_pool import KVBlockPool, Slot
+from engine.prefill_shapes import round_up
 
 BLOCK_TOKENS = 64  # granularity of cache-owned KV: a radix split copies at most one block
 
@@ -171,7 +172,8 @@ class _BufferLayer(DynamicLayer):
             owner._ensure_storage(key_states, value_states)
         start = owner.layer_lengths[self.index]
         end = start + key_states.shape[-2]
-        owner._reserve(end)
+        shown = owner.shown_keys(end)
+        owner._reserve(shown)
         assert owner.k_store is not None and owner.v_store is not None
         owner.k_store[self.index, :, :, start:end].copy_(key_states)
         owner.v_store[self.index, :, :, start:end].copy_(value_states)
@@ -179,13 +181,17 @@ class _BufferLayer(DynamicLayer):
         self.keys = owner.k_store[self.index, :, :, :end]
         self.values = owner.v_store[self.index, :, :, :end]
         self.is_initialized = True
-        return self.keys, self.values
+        if shown == end:
+            return self.keys, self.values
+        owner.k_store[self.index, :, :, end:shown] = 0  # read under the mask: must be finite
+        owner.v_store[self.index, :, :, end:shown] = 0
+        return owner.k_store[self.index, :, :, :shown], owner.v_store[self.index, :, :, :shown]
 
     def get_seq_length(self) -> int:
         return self.owner.layer_lengths[self.index]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
+        return self.owner.shown_keys(self.get_seq_length() + query_length), 0
 
     def get_max_length(self) -> int:
         return -1
@@ -210,7 +216,14 @@ class KVBuffer(Cache):
         self.layer_lengths = [0] * num_layers
         self.k_store: torch.Tensor | None = None  # [layers, 1, heads, capacity, dim]
         self.v_store: torch.Tensor | None = None
+        # attention in a transformers forward reads keys up to a multiple of this (its causal mask
+        # hides the extra ones); a runner sets it for prefill, see engine.prefill_shapes
+        self.key_align = 1
         super().__init__(layers=[_BufferLayer(self, i) for i in range(num_layers)])
+
+    def shown_keys(self, length: int) -> int:
+        """How many keys attention reads when ``length`` are held: rounded up to ``key_align``."""
+        return round_up(length, self.key_align)
 
     @property
     def length(self) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from engine.kv import KVBuffer
+from engine.prefill_shapes import KEY_BLOCK, query_rows
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,15 @@ class ModelRunner:
         return KVBuffer(self.num_layers, capacity)
 
     @torch.inference_mode()
-    def forward(self, token_ids: Sequence[int], buffer: KVBuffer) -> torch.Tensor:
-        """Extend ``buffer`` with ``token_ids``; return float32 logits of the last position ``[vocab]``."""
+    def forward(
+        self,
+        token_ids: Sequence[int],
+        buffer: KVBuffer,
+        logits_row: int = -1,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Extend ``buffer`` with ``token_ids``; return float32 logits ``[vocab]`` of one of their positions
+        (default the last). ``attention_mask``: transformers' 2-d padding mask, ``[1, keys]``."""
         if len(token_ids) == 0:
             raise ValueError("forward needs at least one token")
         past = buffer.length
@@ -74,14 +82,35 @@ class ModelRunner:
         # input_ids / position_ids: [1, S]
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         positions = torch.arange(past, past + len(token_ids), device=self.device).unsqueeze(0)
+        keep = torch.tensor([logits_row % len(token_ids)], device=self.device)  # one head row, always
         out = self.model(
-            input_ids=input_ids, position_ids=positions, cache=buffer, use_cache=True, logits_to_keep=1
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=attention_mask,
+            cache=buffer,
+            use_cache=True,
+            logits_to_keep=keep,
         )
-        return out.logits[0, -1].float()
+        return out.logits[0, 0].float()
 
     def prefill(self, token_ids: Sequence[int], buffer: KVBuffer) -> torch.Tensor:
-        """Prefill the uncached suffix (``buffer`` already holds the cached prefix)."""
-        return self.forward(token_ids, buffer)
+        """Prefill the uncached suffix (``buffer`` already holds the cached prefix).
+
+        Runs engine.prefill_shapes' padded shapes (padding rows after the real ones, dropped again), so
+        a token's KV and logits are the same bits however the prompt is split into calls.
+        """
+        past, s = buffer.length, len(token_ids)
+        rows = max(s, min(query_rows(s), self.max_context - past))  # no padding past the context
+        buffer.key_align = KEY_BLOCK
+        # an all-ones padding mask over every key attention reads: transformers then builds a causal
+        # mask instead of cutting the keys down to the queries for SDPA's is_causal
+        keys = torch.ones(1, buffer.shown_keys(past + rows), dtype=torch.bool, device=self.device)
+        try:
+            logits = self.forward(list(token_ids) + [0] * (rows - s), buffer, s - 1, keys)
+        finally:
+            buffer.key_align = 1
+        buffer.truncate(past + s)
+        return logits
 
     def decode_step(self, token_id: int, buffer: KVBuffer) -> torch.Tensor:
         return self.forward((token_id,), buffer)

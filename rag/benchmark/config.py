@@ -66,6 +66,9 @@ class BenchConfig(BaseModel):
     engine_context_tokens: int = Field(default=1500, ge=64)
     engine_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     engine_decode_repeats: int | None = Field(default=None, ge=1, description="default: max(2, repeats // 2)")
+    engine_bfloat16: bool = Field(
+        default=True, description="also measure bfloat16 against float32, side by side, in the engine section"
+    )
     radix_section: bool = True
     radix_requests: int = Field(default=2000, ge=10)
     radix_levels: tuple[int, ...] = (10_000, 100_000)

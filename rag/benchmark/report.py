@@ -383,8 +383,29 @@ def _engine_section(res: dict[str, Any]) -> str:
             f"| no slower: {'met' if d['speedup'] >= 1.0 else '**missed**'} |",
             "",
             f"Batched decode throughput by concurrent requests: {batched}.",
+            *_dtype_lines(eng.get("dtypes")),
         ]
     )
+
+
+def _dtype_lines(dtypes: dict[str, Any] | None) -> list[str]:
+    """float32 against bfloat16, measured side by side on the same prompts."""
+    if not dtypes:
+        return []
+    fp32, bf16, up = dtypes["float32"], dtypes["bfloat16"], dtypes["speedup"]
+    cpu = ", ".join(f"{flag} {'yes' if has else 'no'}" for flag, has in dtypes["cpu"].items())
+    return [
+        "",
+        f"float32 against bfloat16 (same prompts, interleaved, medians of {dtypes['repeats']} rounds; "
+        f"this CPU: {cpu}):",
+        "",
+        "| figure | float32 | bfloat16 | bfloat16 speedup |",
+        "|---|---|---|---|",
+        f"| cold TTFT (caching off) | {fp32['cold_s']:.2f} s | {bf16['cold_s']:.2f} s | {up['cold']:.2f}x |",
+        f"| warm TTFT | {fp32['warm_s']:.3f} s | {bf16['warm_s']:.3f} s | {up['warm']:.2f}x |",
+        f"| decode | {fp32['decode_ms_per_token']:.0f} ms/token | {bf16['decode_ms_per_token']:.0f} ms/token "
+        f"| {up['decode']:.2f}x |",
+    ]
 
 
 def _radix_section(res: dict[str, Any]) -> str:

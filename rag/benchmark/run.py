@@ -246,6 +246,7 @@ def _engine_section(config: BenchConfig, clock: _Clock, step: Step) -> dict[str,
             context_tokens=config.engine_context_tokens,
             batch_sizes=config.engine_batch_sizes,
             decode_repeats=config.engine_decode_repeats,
+            compare_bfloat16=config.engine_bfloat16,
             progress=lambda msg: step(f"engine section: {msg}"),
         )
     out["repeats"] = config.engine_repeats
@@ -290,7 +291,7 @@ def _max_context(loaded: LoadedModel) -> int:
 
 def _total_steps(config: BenchConfig) -> int:
     sweep = len(config.sweep_skews) * len(config.orders) * len(config.evictions) * len(config.capacities)
-    engine = 3 + config.engine_repeats if config.engine_section else 0
+    engine = 3 + config.engine_repeats + int(config.engine_bfloat16) if config.engine_section else 0
     steady = int(config.steady_factor > 1)
     return 2 + sweep + steady + config.requests + 1 + engine + int(config.radix_section)
 

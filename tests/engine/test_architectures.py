@@ -7,6 +7,8 @@ import torch
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     Qwen2Config,
@@ -34,6 +36,27 @@ def _tiny_qwen2():
         use_sliding_window=False,
     )
     return Qwen2ForCausalLM(cfg).eval()
+
+
+def _tiny_llama_with_biases():
+    """Llama with ``attention_bias=True``: q/k/v *and* o_proj carry a bias (made non-zero here)."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        attention_bias=True,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                getattr(layer.self_attn, proj).bias.normal_(std=0.5)
+    return model
 
 
 def _tiny_gpt2():
@@ -69,15 +92,35 @@ def _reuse_logits(runner, prompt, prefix_len):
     return match.length, reused, cold
 
 
-@pytest.mark.parametrize("build", [_tiny_qwen2, _tiny_gpt2], ids=["qwen2-fused", "gpt2-hf"])
+@pytest.mark.parametrize(
+    "build",
+    [_tiny_qwen2, _tiny_llama_with_biases, _tiny_gpt2],
+    ids=["qwen2-fused", "llama-biases-fused", "gpt2-hf"],
+)
 @pytest.mark.parametrize("prefix_len", [0, 37, 98])
 def test_tiny_models_reuse_exactly(build, prefix_len):
     model = build()
-    runner = FusedLlamaRunner(model) if model.config.model_type == "qwen2" else ModelRunner(model)
+    fused = model.config.model_type in ("qwen2", "llama")
+    runner = FusedLlamaRunner(model) if fused else ModelRunner(model)
     prompt = [(i * 7 + 3) % VOCAB for i in range(100)]
     matched, reused, cold = _reuse_logits(runner, prompt, prefix_len)
     assert matched == min(prefix_len, 99)
-    torch.testing.assert_close(reused, cold, atol=1e-3, rtol=0)
+    assert torch.equal(reused, cold)
+
+
+def test_fused_runner_applies_o_proj_bias():
+    model = _tiny_llama_with_biases()
+    runner = FusedLlamaRunner(model)
+    prompt = [(i * 13 + 1) % VOCAB for i in range(40)]
+    buffer = runner.new_buffer(len(prompt) + 1)
+    fused = runner.prefill(prompt, buffer)
+    with torch.inference_mode():
+        reference = model(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(fused, reference[-1], atol=1e-4, rtol=0)
+    step = runner.decode_step(7, buffer)
+    with torch.inference_mode():
+        reference = model(torch.tensor([[*prompt, 7]])).logits[0, -1]
+    torch.testing.assert_close(step, reference, atol=1e-4, rtol=0)
 
 
 def test_bundled_model_logits_agree(loaded_model):
@@ -86,7 +129,7 @@ def test_bundled_model_logits_agree(loaded_model):
     for prefix_len in (5, len(prompt) // 2, len(prompt) - 2):
         matched, reused, cold = _reuse_logits(runner, prompt, prefix_len)
         assert matched == prefix_len
-        torch.testing.assert_close(reused, cold, atol=1e-3, rtol=0)
+        assert torch.equal(reused, cold)
 
 
 def test_fused_runner_matches_transformers(loaded_model):

@@ -140,6 +140,12 @@ def test_fit_targets_and_sections(run):
     assert ttft["cold_s"] > 0
     # at 0% hits the cache did real work (an insert of the whole prompt), a small share of cold TTFT
     assert 0 < ttft["zero_hit_cache_s"] < ttft["cold_s"] and ttft["zero_hit_cache_share"] < 1
+    dtypes = results["engine_section"]["dtypes"]  # float32 against bfloat16, side by side
+    for dtype in ("float32", "bfloat16"):
+        assert (
+            dtypes[dtype]["cold_s"] > dtypes[dtype]["warm_s"] > 0 and dtypes[dtype]["decode_ms_per_token"] > 0
+        )
+    assert set(dtypes["cpu"]) == {"avx512_bf16", "amx_bf16"}
     assert "3000" in results["radix_section"]["results"]["lru"]
     assert results["baselines"]["llama_cpp"]["note"]
     assert set(results["ttft_samples"]) == set(results["measured"])

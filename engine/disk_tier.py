@@ -1,0 +1,263 @@
+"""DiskTier: the KV tier under the RAM prefix cache, in a folder that survives restarts and that the
+replicas of one model may share.
+
+  read:   a request's RAM match ─► extend(): the next whole 64-token blocks of its prompt whose files
+          exist are read (in parallel), verified, and decoded into its buffer; the engine's usual
+          insert after the first token then promotes them into RAM
+  write:  every insert ─► persist(): a background writer looks up the prefix's blocks in RAM and
+          writes the ones the folder lacks (write-behind; the queue is bounded, a full queue drops)
+
+Blocks are content-addressed (engine.kv_chain): a file can only be found by the model, formats and
+namespace that wrote it. Each file is checked before use (engine.kv_blockfile); one that fails is a
+miss, logged and deleted, never a crash and never loaded. Only whole blocks go to disk, and reads stop
+at the caller's limit, so the engine's "at least one prompt token is computed" cap holds.
+
+Example:
+    >>> tier = DiskTier(Path("/srv/kv"), 8 << 30, fingerprint=fp, codec=codec,           # doctest: +SKIP
+    ...                 geometry=KVGeometry(30, 3, 64), cache=engine.cache)
+    >>> added = tier.extend(buffer, prompt_ids, namespace, limit=len(prompt_ids) - 1)   # doctest: +SKIP
+    >>> tier.persist(namespace, prompt_ids)                                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.kv import BLOCK_TOKENS, KVBuffer, KVSegment
+from engine.kv_blockfile import BlockMeta, read_block_file, write_block_file
+from engine.kv_chain import block_hashes, chain_root
+from engine.kv_codec import KVCodec, KVGeometry
+from engine.kv_directory import BlockDirectory
+from prefix_cache import RadixCache
+
+log = logging.getLogger(__name__)
+
+_HEADER_ALLOWANCE = 4096  # room reserved for a block file's header besides its tensors
+_COUNTERS = (
+    "lookups",  # requests that asked the disk for blocks after their RAM match
+    "hit_requests",
+    "hit_tokens",
+    "read_blocks",
+    "read_bytes",
+    "read_s",
+    "rejected",  # damaged or foreign files: each a miss, logged and deleted
+    "written_blocks",
+    "written_bytes",
+    "write_s",
+    "write_errors",  # e.g. a full disk: the block is skipped
+    "write_dropped",  # prefixes not written: the queue was full or the budget too small
+)
+
+
+class DiskTier:
+    """Disk KV blocks under ``directory`` within ``capacity_bytes`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        capacity_bytes: int,
+        *,
+        fingerprint: str,
+        codec: KVCodec,
+        kv_dtype: str,
+        geometry: KVGeometry,
+        cache: RadixCache,
+        queue_size: int = 256,
+        read_threads: int = 4,
+    ) -> None:
+        self.folder = BlockDirectory(directory, capacity_bytes)
+        self.fingerprint = fingerprint
+        self.codec = codec
+        self.kv_dtype = kv_dtype
+        self.cache = cache
+        b = BLOCK_TOKENS
+        self.k_shape = (geometry.layers, geometry.kv_heads, b, codec.stored_dim(geometry.head_dim))
+        self.v_shape = (geometry.layers, geometry.kv_heads, b, codec.stored_dim(geometry.v_dim))
+        self._counters: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
+        self._lock = threading.Lock()
+        self._roots: dict[str, bytes] = {}
+        self._queue: queue.Queue[tuple[str, list[int]] | None] = queue.Queue(maxsize=queue_size)
+        self._readers = ThreadPoolExecutor(read_threads, thread_name_prefix="prefixrag-kv-read")
+        self._closed = False
+        self._writer = threading.Thread(target=self._write_loop, name="prefixrag-kv-writer", daemon=True)
+        self._writer.start()
+
+    # ---- read -----------------------------------------------------------------------------------
+    def extend(self, buffer: KVBuffer, tokens: Sequence[int], namespace: str, limit: int) -> int:
+        """Append to ``buffer`` (which holds ``tokens[:buffer.length]``) the KV of the following whole
+        blocks found on disk, up to ``limit`` tokens in all; returns the tokens added."""
+        start, b = buffer.length, BLOCK_TOKENS
+        first, last = start // b, min(limit, len(tokens)) // b
+        if first >= last:
+            return 0
+        clock = time.perf_counter()
+        keys = block_hashes(self._root(namespace), tokens[: last * b])
+        run = list(itertools.takewhile(lambda j: self.folder.exists(keys[j]), range(first, last)))
+        blocks: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for kv in self._readers.map(lambda j: self._read(keys, tokens, namespace, j), run):
+            if kv is None:
+                break  # a block is useless without the ones before it
+            blocks.append(kv)
+        added = 0
+        if blocks:
+            segments = [KVSegment.from_stored(k, v, self.codec) for k, v in blocks]
+            segments[0] = segments[0][start - first * b :]
+            added = buffer.extend(segments)
+            now = time.time_ns()
+            for j in range(first, first + len(blocks)):
+                self.folder.touch(keys[j], j, now)
+        self._add(
+            lookups=1,
+            hit_requests=int(added > 0),
+            hit_tokens=added,
+            read_blocks=len(blocks),
+            read_bytes=sum(k.nbytes + v.nbytes for k, v in blocks),
+            read_s=time.perf_counter() - clock,
+        )
+        return added
+
+    def _read(
+        self, keys: list[str], tokens: Sequence[int], namespace: str, j: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        path = self.folder.path(keys[j])
+        try:
+            return read_block_file(
+                path,
+                self._meta(keys, tokens, namespace, j),
+                self.k_shape,
+                self.v_shape,
+                self.codec.stored_dtype,
+            )
+        except FileNotFoundError:  # evicted since it was seen: a plain miss
+            return None
+        except Exception as exc:  # damaged, truncated, foreign or unreadable: never served
+            log.warning("disk KV block %s rejected (%s); deleted", path, exc)
+            self.folder.remove(keys[j])
+            self._add(rejected=1)
+            return None
+
+    def _meta(self, keys: list[str], tokens: Sequence[int], namespace: str, j: int) -> BlockMeta:
+        b = BLOCK_TOKENS
+        parent = keys[j - 1] if j else self._root(namespace).hex()
+        return BlockMeta(keys[j], parent, self.fingerprint, self.kv_dtype, list(tokens[j * b : (j + 1) * b]))
+
+    def _root(self, namespace: str) -> bytes:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = chain_root(self.fingerprint, namespace)
+        return root
+
+    # ---- write ----------------------------------------------------------------------------------
+    def persist(self, namespace: str, tokens: Sequence[int]) -> None:
+        """Queue the whole blocks of ``tokens`` (just inserted into the RAM cache) for writing."""
+        whole = len(tokens) // BLOCK_TOKENS * BLOCK_TOKENS
+        if whole == 0 or self._closed:
+            return
+        try:
+            self._queue.put_nowait((namespace, list(tokens[:whole])))
+        except queue.Full:
+            self._add(write_dropped=1)
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """Wait until every queued prefix is written; False if ``timeout_s`` passed first."""
+        deadline = time.monotonic() + timeout_s
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._queue.all_tasks_done.wait(left)
+        return True
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write_prefix(*item)
+            except Exception:  # the writer outlives any one prefix
+                log.exception("disk KV tier: writing a prefix failed")
+            finally:
+                self._queue.task_done()
+
+    def _write_prefix(self, namespace: str, tokens: list[int]) -> None:
+        keys = block_hashes(self._root(namespace), tokens)
+        now = time.time_ns()
+        missing = [j for j, key in enumerate(keys) if not self.folder.touch(key, j, now)]  # touch = used
+        if not missing:
+            return
+        length, values = self.cache.peek_values(tokens, namespace)
+        if not values:
+            return
+        chain = KVSegment.concat(values)
+        b = BLOCK_TOKENS
+        for j in missing:
+            if (j + 1) * b > length:
+                break  # the RAM cache no longer (or never) held the rest
+            if not self._write_block(chain[j * b : (j + 1) * b], keys, tokens, namespace, j, now):
+                break
+
+    def _write_block(
+        self, part: KVSegment, keys: list[str], tokens: list[int], namespace: str, j: int, now: int
+    ) -> bool:
+        clock = time.perf_counter()
+        stored = part.stored_parts()
+        k = stored[0][0] if len(stored) == 1 else torch.cat([k for k, _ in stored], 2)
+        v = stored[0][1] if len(stored) == 1 else torch.cat([v for _, v in stored], 2)
+        if not self.folder.reserve(k.nbytes + v.nbytes + _HEADER_ALLOWANCE, keep=set(keys)):
+            self._add(write_dropped=1)
+            return False
+        path = self.folder.path(keys[j])
+        try:
+            size = write_block_file(path, self._meta(keys, tokens, namespace, j), k, v)
+        except OSError as exc:  # a full or read-only disk: skip, keep serving
+            log.warning("disk KV tier: cannot write %s (%s)", path, exc)
+            self._add(write_errors=1)
+            return False
+        self.folder.added(size)
+        self.folder.touch(keys[j], j, now)
+        self._add(written_blocks=1, written_bytes=size, write_s=time.perf_counter() - clock)
+        return True
+
+    # ---- the rest -------------------------------------------------------------------------------
+    def _add(self, **amounts: float) -> None:
+        with self._lock:
+            for name, amount in amounts.items():
+                self._counters[name] += amount
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since start, the folder's bytes and budget, evictions, and the writer's queue."""
+        with self._lock:
+            out: dict[str, Any] = dict(self._counters)
+        out.update(
+            directory=str(self.folder.root),
+            capacity_bytes=self.folder.capacity_bytes,
+            used_bytes=self.folder.used_bytes,
+            evictions=self.folder.evictions,
+            evicted_bytes=self.folder.evicted_bytes,
+            queue_depth=self._queue.qsize(),
+        )
+        return out
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Write what is queued (up to ``timeout_s``), then stop the writer and the readers."""
+        if self._closed:
+            return
+        self.flush(timeout_s)
+        self._closed = True
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=timeout_s)
+        self._writer.join(timeout_s)
+        self._readers.shutdown(wait=False)

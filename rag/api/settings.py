@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.config import EngineConfig
+from engine.paths import kv_cache_dir
 from rag.config import RAGConfig
 
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}$")
@@ -116,6 +117,16 @@ class Settings(BaseSettings):
         if admin is not None and admin in self.api_keys:
             raise ValueError("admin_key must differ from every tenant key")
         return self
+
+    def with_disk_cache_default(self) -> Settings:
+        """These settings with the disk KV tier in ``$PREFIXRAG_HOME/kv`` unless a folder is set or the
+        tier is off (``PREFIXRAG_ENGINE__DISK_CACHE_BYTES=0``): what `prefixrag serve` runs with."""
+        engine = self.engine
+        if engine.disk_cache_dir is not None or engine.disk_cache_bytes == 0:
+            return self
+        return self.model_copy(
+            update={"engine": engine.model_copy(update={"disk_cache_dir": kv_cache_dir()})}
+        )
 
     @property
     def auth_enabled(self) -> bool:

@@ -36,8 +36,8 @@ import torch
 
 from engine.kv import BLOCK_TOKENS, KVBuffer, KVSegment
 from engine.kv_blockfile import BlockMeta, read_block_file, write_block_file
-from engine.kv_chain import block_hashes, chain_root
-from engine.kv_codec import KVCodec, KVGeometry
+from engine.kv_chain import block_hashes, chain_root, model_fingerprint
+from engine.kv_codec import KVCodec, KVGeometry, compute_dtype
 from engine.kv_directory import BlockDirectory
 from prefix_cache import RadixCache
 
@@ -96,7 +96,15 @@ class DiskTier:
     # ---- read -----------------------------------------------------------------------------------
     def extend(self, buffer: KVBuffer, tokens: Sequence[int], namespace: str, limit: int) -> int:
         """Append to ``buffer`` (which holds ``tokens[:buffer.length]``) the KV of the following whole
-        blocks found on disk, up to ``limit`` tokens in all; returns the tokens added."""
+        blocks found on disk, up to ``limit`` tokens in all; returns the tokens added (0 on any failure:
+        the tier is an optimisation, the caller computes what it does not add)."""
+        try:
+            return self._extend(buffer, tokens, namespace, limit)
+        except Exception as exc:
+            log.warning("disk KV tier: read failed (%s); computing the prefix instead", exc)
+            return 0
+
+    def _extend(self, buffer: KVBuffer, tokens: Sequence[int], namespace: str, limit: int) -> int:
         start, b = buffer.length, BLOCK_TOKENS
         first, last = start // b, min(limit, len(tokens)) // b
         if first >= last:
@@ -247,7 +255,7 @@ class DiskTier:
             used_bytes=self.folder.used_bytes,
             evictions=self.folder.evictions,
             evicted_bytes=self.folder.evicted_bytes,
-            queue_depth=self._queue.qsize(),
+            queue_depth=self._queue.unfinished_tasks,  # waiting or being written
         )
         return out
 
@@ -261,3 +269,31 @@ class DiskTier:
             self._queue.put(None, timeout=timeout_s)
         self._writer.join(timeout_s)
         self._readers.shutdown(wait=False)
+
+
+def open_disk_tier(engine: Any, model: Any) -> DiskTier | None:
+    """The disk tier ``engine.config`` asks for (None when it asks for none, or the folder cannot be
+    used: logged, and the engine serves from RAM alone)."""
+    cfg = engine.config
+    if cfg.disk_cache_dir is None or cfg.disk_cache_bytes == 0:
+        return None
+    fingerprint = model_fingerprint(
+        model,
+        model_id=engine.model_id,
+        dtype=str(compute_dtype(model)).removeprefix("torch."),
+        kv_dtype=cfg.kv_dtype,
+        weights=str(getattr(cfg, "weights", "float32")),
+    )
+    try:
+        return DiskTier(
+            cfg.disk_cache_dir,
+            cfg.disk_cache_bytes,
+            fingerprint=fingerprint,
+            codec=engine.kv_codec,
+            kv_dtype=cfg.kv_dtype,
+            geometry=engine.kv_geometry,
+            cache=engine.cache,
+        )
+    except OSError as exc:
+        log.warning("disk KV tier off: cannot use %s (%s)", cfg.disk_cache_dir, exc)
+        return None

@@ -23,12 +23,11 @@ from engine.block_pool import KVBlockPool
 from engine.buffer_pool import BufferPool
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
-from engine.disk_tier import DiskTier
+from engine.disk_tier import open_disk_tier
 from engine.encoding import Prompt, encode_prompt
 from engine.fused import FusedLlamaRunner, fused_unsupported_reason
 from engine.kv import BLOCK_TOKENS, KVBuffer
-from engine.kv_chain import model_fingerprint
-from engine.kv_codec import KVCodec, KVGeometry, make_codec
+from engine.kv_codec import KVCodec, KVGeometry, compute_dtype, make_codec
 from engine.memory import trim_heap
 from engine.models import DEFAULT_MODEL, load_model
 from engine.request import (
@@ -70,7 +69,7 @@ class Engine:
             torch.set_num_threads(self.config.num_threads)
         self.model_id = model_id
         self.tokenizer = tokenizer
-        self.kv_codec = make_codec(self.config.kv_dtype, _compute_dtype(model))
+        self.kv_codec = make_codec(self.config.kv_dtype, compute_dtype(model))
         self.kv_geometry = KVGeometry.from_config(model.config)
         self.runner = _make_runner(model, self.config, self.kv_codec)
         self.caching = self.config.enable_prefix_cache and self.config.cache_bytes > 0
@@ -88,7 +87,7 @@ class Engine:
         slab = self.config.kv_slab_bytes
         self.kv_blocks = KVBlockPool(BLOCK_TOKENS, slab) if slab else None
         self.scheduler = Scheduler(self._probe, self.config.max_waiting, self.config.aging_rate)
-        self.disk = self._open_disk_tier(model)
+        self.disk = open_disk_tier(self, model) if self.caching else None
         self._running: list[Request] = []
         self._wakeup = threading.Condition()
         self._stopping = False
@@ -296,8 +295,8 @@ class Engine:
         req.buffer = self.buffers.take(self.runner.new_buffer, len(ids) + min(req.max_new_tokens, 512))
         req.cached_tokens = req.buffer.load_prefix(match.values)
         clock = req.phase("load", clock)
-        if self.disk is not None:
-            req.cached_tokens += self._load_from_disk(req)
+        if self.disk is not None:  # the disk tier extends the RAM match by whole blocks, same cap
+            req.cached_tokens += self.disk.extend(req.buffer, ids, req.namespace, limit=len(ids) - 1)
             clock = req.phase("disk", clock)
         suffix = ids[req.cached_tokens :]
         step = self.config.prefill_chunk_tokens
@@ -329,38 +328,6 @@ class Engine:
         if self.disk is not None:
             self.disk.persist(req.namespace, tokens)  # write-behind: the writer thread does the IO
         req.phases["insert"] = req.phases.get("insert", 0.0) + time.perf_counter() - clock
-
-    def _load_from_disk(self, req: Request) -> int:
-        """Extend the request's buffer with prompt blocks from the disk tier (capped like the RAM match)."""
-        assert self.disk is not None and req.buffer is not None
-        try:
-            return self.disk.extend(req.buffer, req.prompt_ids, req.namespace, limit=len(req.prompt_ids) - 1)
-        except Exception as exc:  # the tier is an optimisation: on any failure, compute instead
-            log.warning("disk KV tier: read failed (%s); computing the prefix instead", exc)
-            return 0
-
-    def _open_disk_tier(self, model: Any) -> DiskTier | None:
-        cfg = self.config
-        if not self.caching or cfg.disk_cache_dir is None or cfg.disk_cache_bytes == 0:
-            return None
-        dtype = str(_compute_dtype(model)).removeprefix("torch.")
-        weights = str(getattr(cfg, "weights", "float32"))
-        fingerprint = model_fingerprint(
-            model, model_id=self.model_id, dtype=dtype, kv_dtype=cfg.kv_dtype, weights=weights
-        )
-        try:
-            return DiskTier(
-                cfg.disk_cache_dir,
-                cfg.disk_cache_bytes,
-                fingerprint=fingerprint,
-                codec=self.kv_codec,
-                kv_dtype=cfg.kv_dtype,
-                geometry=self.kv_geometry,
-                cache=self.cache,
-            )
-        except OSError as exc:
-            log.warning("disk KV tier off: cannot use %s (%s)", cfg.disk_cache_dir, exc)
-            return None
 
     def _match(self, req: Request) -> Any:
         """Longest cached prefix, capped so at least one prompt token is computed; locked for the request."""
@@ -536,11 +503,6 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
         elif isinstance(source, (list, tuple)):
             ids.update(int(t) for t in source)
     return frozenset(ids)
-
-
-def _compute_dtype(model: Any) -> torch.dtype:
-    """The dtype activations (and so K/V) are computed in: the model's floating-point weights'."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 def _make_runner(model: Any, config: EngineConfig, codec: KVCodec) -> ModelRunner | FusedLlamaRunner:

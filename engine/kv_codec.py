@@ -200,6 +200,11 @@ def make_codec(kv_dtype: str, compute_dtype: torch.dtype) -> KVCodec:
     raise ValueError(f"unsupported kv_dtype {kv_dtype!r}; use one of {', '.join(KV_DTYPES)}")
 
 
+def compute_dtype(model: Any) -> torch.dtype:
+    """The dtype a model computes activations (so K/V) in: its floating-point weights'."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
 def identity_codec(dtype: torch.dtype) -> KVCodec:
     """Store exactly what the model computes (a segment built without a codec)."""
     name = next((n for n, d in _FLOATS.items() if d == dtype), None)

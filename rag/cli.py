@@ -299,6 +299,9 @@ def bench(
     samples: int = typer.Option(None, "--samples", min=2, help="caching-off requests measured (default 12)"),
     engine_section: bool = typer.Option(True, "--engine-section/--no-engine-section", help="issue 4 figures"),
     radix_section: bool = typer.Option(True, "--radix-section/--no-radix-section", help="issue 3 figures"),
+    kv_section: bool = typer.Option(
+        True, "--kv-section/--no-kv-section", help="issue 15 figures: KV formats and the disk tier"
+    ),
     report_only: bool = typer.Option(
         False, "--report-only", help="redraw plots and report.md from OUT/results.json; measure nothing"
     ),
@@ -320,6 +323,7 @@ def bench(
         samples=samples,
         engine_section=engine_section,
         radix_section=radix_section,
+        kv_section=kv_section,
     )
 
 

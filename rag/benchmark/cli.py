@@ -65,7 +65,7 @@ def bench_command(
         f"{h['speedup_vs_transformers']:.1f}x vs transformers generate; token hit rate "
         f"{100 * h['reference']['token_hit_rate']:.1f}% ({100 * h['reference']['of_oracle']:.0f}% of the oracle)"
     )
-    for t in results["targets"]:
+    for t in [*results["targets"], *(results.get("kv_section") or {}).get("targets", [])]:
         mark = "[green]met[/]" if t["met"] else "[red]missed[/]"
         console.print(f"  {mark}  {t['target']}")
     console.print(f"report: {out / 'report.md'}")

@@ -62,6 +62,15 @@ class BenchConfig(BaseModel):
     engine_context_tokens: int = Field(default=1500, ge=64)
     engine_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     engine_decode_repeats: int | None = Field(default=None, ge=1, description="default: max(2, repeats // 2)")
+    kv_section: bool = Field(default=True, description="KV formats and the disk tier (issue 15)")
+    kv_repeats: int = Field(
+        default=3, ge=1, description="rounds of cold / RAM-warm / disk-after-restart TTFT"
+    )
+    kv_disk_dtypes: tuple[str, ...] = ("float32", "bfloat16", "int8")
+    kv_fidelity_prompts: int = Field(default=6, ge=1, le=11)
+    kv_fidelity_tokens: int = Field(default=16, ge=1)
+    kv_break_even_lengths: tuple[int, ...] = (64, 256, 1024)
+    kv_zero_hit_requests: int = Field(default=4, ge=2)
     radix_section: bool = True
     radix_requests: int = Field(default=2000, ge=10)
     radix_levels: tuple[int, ...] = (10_000, 100_000)
@@ -100,6 +109,12 @@ class BenchConfig(BaseModel):
             "engine_batch_sizes": (1, 4),
             "engine_decode_repeats": 1,
             "radix_requests": 300,
+            "kv_repeats": 1,
+            "kv_disk_dtypes": ("float32", "int8"),
+            "kv_fidelity_prompts": 2,
+            "kv_fidelity_tokens": 8,
+            "kv_break_even_lengths": (64, 512),
+            "kv_zero_hit_requests": 2,
             "steady_factor": 0,
             "quick": True,
         }

@@ -125,6 +125,7 @@ def render_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         _plots(plots),
         _engine_section(results),
         _radix_section(results),
+        _kv_section(results),
         _method(results),
     ]
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"
@@ -389,6 +390,86 @@ def _radix_section(res: dict[str, Any]) -> str:
         f"Target: a 2,000-token match + insert under 1 ms at 100k cached tokens: worst median "
         f"{worst:.0f} µs, {'met' if worst < 1000 else '**missed**'}.",
     ]
+    return "\n".join(rows)
+
+
+def _kv_section(res: dict[str, Any]) -> str:
+    kv = res.get("kv_section")
+    if not kv:
+        return "## KV tiers section (issue 15)\n\nNot run (`--no-kv-section`)."
+    fid, bpt = kv["fidelity"], kv["bytes_per_token"]
+    rows = [
+        "## KV tiers section (issue 15)",
+        "",
+        f"KV storage formats for {kv['model']}: bytes per token, and fidelity "
+        f"against float32 KV over {fid['prompts']} RAG prompts of {kv['prompt_tokens']:,} tokens, "
+        f"teacher-forced on float32 KV's greedy answer for {fid['tokens']} tokens (the greedy answer of a "
+        "format equals float32's exactly when every position's top token agrees). Cached output equals "
+        "uncached output within each format (the exactness tests); this is the cost of choosing the format.",
+        "",
+        "| kv_dtype | bytes/token | mean KL (nats) | max KL | top-1 agreement | first token | greedy exact match "
+        "| greedy agreement |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, b in bpt.items():
+        f = fid[name]
+        rows.append(
+            f"| {name} | {b:,} | {f['mean_kl']:.2e} | {f['max_kl']:.2e} | {100 * f['top1_agreement']:.1f}% | "
+            f"{100 * f['first_token_agreement']:.0f}% | {100 * f['greedy_exact_match']:.0f}% | "
+            f"{100 * f['greedy_agreement']:.0f}% |"
+        )
+    ws = kv.get("working_set")
+    if ws:
+        rows += [
+            "",
+            f"The stream's working set, {ws['tokens']:,} tokens, takes "
+            + ", ".join(f"{g:.2f} GiB in {n}" for n, g in ws["gib"].items())
+            + ".",
+        ]
+    rows += [
+        "",
+        "Disk tier: TTFT of a repeated prompt, medians of the rounds (interleaved). Cold: caching off. "
+        "RAM-warm: repeated in the engine that computed it (all but the last token cached). Disk: repeated in "
+        "a restarted engine (a fresh Engine: empty RAM cache, a new disk tier scanning the folder) whose block "
+        "files were dropped from the page cache first (`posix_fadvise(DONTNEED)` on each file); "
+        '"first request" is the restarted engine\'s very first request (its KV buffer is new memory), '
+        '"warm process" the same after one other request. The disk tier serves whole 64-token blocks, so up '
+        "to 64 prompt tokens are computed after it.",
+        "",
+        "| kv_dtype | prompt | cold | RAM-warm | disk, first request | disk, warm process | disk / RAM-warm "
+        "| cold / disk | disk read | per block |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, d in kv["disk_ttft"].items():
+        rows.append(
+            f"| {name} | {d['prompt_tokens']:,} ({d['cached_disk']:,} from disk) | {d['cold_s']:.2f} s | "
+            f"{d['ram_s']:.3f} s | {d['disk_first_s']:.3f} s | {d['disk_s']:.3f} s | "
+            f"{d['disk_first_over_ram']:.2f}x / {d['disk_over_ram']:.2f}x | "
+            f"{d['cold_over_disk_first']:.1f}x / {d['cold_over_disk']:.1f}x | {d['read_mb_s']:,.0f} MB/s | "
+            f"{d['read_ms_per_block']:.1f} ms |"
+        )
+    be, zero = kv["break_even"], kv["zero_hit"]
+    points = ", ".join(
+        f"{r['tokens']} tokens: disk {1000 * r['disk_s']:.1f} ms vs compute {1000 * r['compute_s']:.0f} ms"
+        for r in be["rows"]
+    )
+    crossing = be["break_even_tokens"]
+    rows += [
+        "",
+        f"Break-even prefix length (float32 KV, cold files, recycled buffers): {points}; the fitted lines cross "
+        + ("nowhere: the disk is faster at every length" if crossing == 0 else f"at {crossing:.0f} tokens")
+        + ", and the disk tier's unit is one 64-token block.",
+        "",
+        f"0% hits, {zero['requests']} prompts back to back (the disk writer overlaps the next prefill): TTFT "
+        f"{zero['disk_on_s']:.2f} s with the disk tier on vs {zero['caching_off_s']:.2f} s caching off "
+        f"({100 * zero['overhead']:+.1f}%); the writer spent {zero['write_ms_per_block']:.1f} ms per block "
+        f"({zero['written_mb']:.0f} MB written).",
+        "",
+        "| target (issue 15) | value | met | note |",
+        "|---|---|---|---|",
+    ]
+    for t in kv["targets"]:
+        rows.append(f"| {t['target']} | {t['value']:.2f} | {'yes' if t['met'] else '**no**'} | {t['note']} |")
     return "\n".join(rows)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import queue
 import threading
 import time
@@ -32,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from engine.kv import BLOCK_TOKENS, KVBuffer, KVSegment
@@ -55,6 +57,7 @@ _COUNTERS = (
     "written_blocks",
     "written_bytes",
     "write_s",
+    "write_cpu_s",  # of it, CPU time the writer thread took from the model (the rest waits on the disk)
     "write_errors",  # e.g. a full disk: the block is skipped
     "write_dropped",  # prefixes not written: the queue was full or the budget too small
 )
@@ -81,9 +84,13 @@ class DiskTier:
         self.codec = codec
         self.kv_dtype = kv_dtype
         self.cache = cache
+        self.geometry = geometry
         b = BLOCK_TOKENS
         self.k_shape = (geometry.layers, geometry.kv_heads, b, codec.stored_dim(geometry.head_dim))
         self.v_shape = (geometry.layers, geometry.kv_heads, b, codec.stored_dim(geometry.v_dim))
+        itemsize = codec.stored_dtype.itemsize
+        self._file_bytes = (math.prod(self.k_shape) + math.prod(self.v_shape)) * itemsize + _HEADER_ALLOWANCE
+        self._local = threading.local()  # each reader thread's reusable read buffer
         self._counters: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
         self._lock = threading.Lock()
         self._roots: dict[str, bytes] = {}
@@ -112,48 +119,53 @@ class DiskTier:
         clock = time.perf_counter()
         keys = block_hashes(self._root(namespace), tokens[: last * b])
         run = list(itertools.takewhile(lambda j: self.folder.exists(keys[j]), range(first, last)))
-        blocks: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for kv in self._readers.map(lambda j: self._read(keys, tokens, namespace, j), run):
-            if kv is None:
-                break  # a block is useless without the ones before it
-            blocks.append(kv)
-        added = 0
-        if blocks:
-            segments = [KVSegment.from_stored(k, v, self.codec) for k, v in blocks]
-            segments[0] = segments[0][start - first * b :]
-            added = buffer.extend(segments)
-            now = time.time_ns()
-            for j in range(first, first + len(blocks)):
-                self.folder.touch(keys[j], j, now)
+        added = read = blocks = 0
+        if run:
+            g = self.geometry
+            buffer.ensure_storage(g.kv_heads, g.head_dim, self.codec.compute_dtype, "cpu", g.v_dim)
+            buffer.reserve((first + len(run)) * b)
+            # each block is read, checked and decoded into its place by a reader thread
+            for nbytes in self._readers.map(lambda j: self._load(buffer, keys, tokens, namespace, j), run):
+                if not nbytes:
+                    break  # a block is useless without the ones before it
+                read += nbytes
+                blocks += 1
+            if blocks:
+                added = (first + blocks) * b - start
+                buffer.set_length(start + added)
+                now = time.time_ns()
+                for j in range(first, first + blocks):
+                    self.folder.touch(keys[j], j, now)
         self._add(
             lookups=1,
             hit_requests=int(added > 0),
             hit_tokens=added,
-            read_blocks=len(blocks),
-            read_bytes=sum(k.nbytes + v.nbytes for k, v in blocks),
+            read_blocks=blocks,
+            read_bytes=read,
             read_s=time.perf_counter() - clock,
         )
         return added
 
-    def _read(
-        self, keys: list[str], tokens: Sequence[int], namespace: str, j: int
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _load(self, buffer: KVBuffer, keys: list[str], tokens: Sequence[int], namespace: str, j: int) -> int:
+        """Read block ``j`` into its place in ``buffer`` (the part past what the buffer holds); its
+        stored bytes, or 0 if it is missing or fails a check (then nothing of it is used)."""
         path = self.folder.path(keys[j])
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = np.empty(self._file_bytes, dtype=np.uint8)
         try:
-            return read_block_file(
-                path,
-                self._meta(keys, tokens, namespace, j),
-                self.k_shape,
-                self.v_shape,
-                self.codec.stored_dtype,
-            )
+            meta = self._meta(keys, tokens, namespace, j)
+            k, v = read_block_file(path, meta, self.k_shape, self.v_shape, self.codec.stored_dtype, scratch)
         except FileNotFoundError:  # evicted since it was seen: a plain miss
-            return None
-        except Exception as exc:  # damaged, truncated, foreign or unreadable: never served
+            return 0
+        except Exception as exc:  # damaged, truncated, foreign or unreadable: never used
             log.warning("disk KV block %s rejected (%s); deleted", path, exc)
             self.folder.remove(keys[j])
             self._add(rejected=1)
-            return None
+            return 0
+        skip = max(buffer.length - j * BLOCK_TOKENS, 0)  # tokens of it the RAM match already loaded
+        buffer.write_at(j * BLOCK_TOKENS + skip, KVSegment.from_stored(k, v, self.codec)[skip:])
+        return k.nbytes + v.nbytes
 
     def _meta(self, keys: list[str], tokens: Sequence[int], namespace: str, j: int) -> BlockMeta:
         b = BLOCK_TOKENS
@@ -220,7 +232,7 @@ class DiskTier:
     def _write_block(
         self, part: KVSegment, keys: list[str], tokens: list[int], namespace: str, j: int, now: int
     ) -> bool:
-        clock = time.perf_counter()
+        clock, cpu = time.perf_counter(), time.thread_time()
         stored = part.stored_parts()
         k = stored[0][0] if len(stored) == 1 else torch.cat([k for k, _ in stored], 2)
         v = stored[0][1] if len(stored) == 1 else torch.cat([v for _, v in stored], 2)
@@ -236,7 +248,8 @@ class DiskTier:
             return False
         self.folder.added(size)
         self.folder.touch(keys[j], j, now)
-        self._add(written_blocks=1, written_bytes=size, write_s=time.perf_counter() - clock)
+        elapsed, cpu = time.perf_counter() - clock, time.thread_time() - cpu
+        self._add(written_blocks=1, written_bytes=size, write_s=elapsed, write_cpu_s=cpu)
         return True
 
     # ---- the rest -------------------------------------------------------------------------------

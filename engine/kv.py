@@ -392,21 +392,35 @@ class KVBuffer(Cache):
         start = self.length
         self._ensure_storage_for(segments[0])
         self._reserve(start + total)
-        assert self.k_store is not None and self.v_store is not None
         pos = start
         for seg in segments:
-            for block in seg.blocks:
-                n = len(block)
-                keys, values = self.k_store[:, 0, :, pos : pos + n], self.v_store[:, 0, :, pos : pos + n]
-                if block.stored and not seg.codec.identity:
-                    seg.codec.decode_into(keys, block.keys)  # one op per block for all layers
-                    seg.codec.decode_into(values, block.values)
-                else:
-                    keys.copy_(block.keys)
-                    values.copy_(block.values)
-                pos += n
+            self._write(pos, seg)
+            pos += len(seg)
         self._rebind(start + total)
         return total
+
+    @torch.inference_mode()
+    def write_at(self, pos: int, seg: KVSegment) -> None:
+        """Decode ``seg`` into tokens [pos, pos + len(seg)) without changing the length: several threads
+        may fill disjoint ranges (``ensure_storage`` and ``reserve`` first), then ``set_length``."""
+        if self.k_store is None or not 0 <= pos <= pos + len(seg) <= self.capacity:
+            raise ValueError(
+                f"write_at({pos}) of {len(seg)} tokens needs storage for them (capacity {self.capacity})"
+            )
+        self._write(pos, seg)
+
+    def _write(self, pos: int, seg: KVSegment) -> None:
+        assert self.k_store is not None and self.v_store is not None
+        for block in seg.blocks:
+            n = len(block)
+            keys, values = self.k_store[:, 0, :, pos : pos + n], self.v_store[:, 0, :, pos : pos + n]
+            if block.stored and not seg.codec.identity:
+                seg.codec.decode_into(keys, block.keys)  # one op per block for all layers
+                seg.codec.decode_into(values, block.values)
+            else:
+                keys.copy_(block.keys)
+                values.copy_(block.values)
+            pos += n
 
     def _ensure_storage_for(self, seg: KVSegment) -> None:
         block = seg.blocks[0]

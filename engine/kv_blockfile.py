@@ -114,12 +114,17 @@ def read_block_file(
     k_shape: Sequence[int],
     v_shape: Sequence[int],
     dtype: torch.dtype,
+    scratch: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The (keys, values) of a block file, after every check; BlockFileError if any fails.
-    FileNotFoundError passes through (a block another process evicted is a plain miss)."""
+    FileNotFoundError passes through (a block another process evicted is a plain miss).
+
+    With ``scratch`` (a uint8 array at least the file's size) the file is read into it and the tensors
+    are views of it, valid until it is reused: reused memory is not faulted in again on every read."""
     with open(path, "rb", buffering=0) as fh:
         size = os.fstat(fh.fileno()).st_size
-        data = np.empty(size, dtype=np.uint8)  # not zero-filled: every byte is read into
+        fits = scratch is not None and scratch.nbytes >= size
+        data = scratch[:size] if fits else np.empty(size, dtype=np.uint8)  # type: ignore[index]
         view = memoryview(data)  # type: ignore[arg-type]  # numpy arrays are buffers
         done = 0
         while done < size:

@@ -38,7 +38,9 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs (a disk that fills up: writes fail with ENOSPC); skipped where mounting is not allowed."""
     mount = tmp_path / "tmpfs"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
     try:

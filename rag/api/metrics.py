@@ -166,6 +166,7 @@ _DISK_COUNTERS = (
     ("prefixrag_kv_disk_written_blocks", "written_blocks", "KV blocks written to the disk tier"),
     ("prefixrag_kv_disk_written_bytes", "written_bytes", "Bytes of KV written to the disk tier"),
     ("prefixrag_kv_disk_write_seconds", "write_s", "Seconds the disk tier's writer spent writing blocks"),
+    ("prefixrag_kv_disk_write_cpu_seconds", "write_cpu_s", "CPU seconds of the disk tier's writer"),
     ("prefixrag_kv_disk_evictions", "evictions", "Disk KV blocks evicted to stay within the budget"),
     ("prefixrag_kv_disk_evicted_bytes", "evicted_bytes", "Bytes of disk KV blocks evicted"),
     ("prefixrag_kv_disk_rejected_blocks", "rejected", "Damaged or foreign disk KV files (misses, deleted)"),

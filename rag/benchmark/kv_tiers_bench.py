@@ -336,6 +336,7 @@ def zero_hit(loaded: LoadedModel, prompts: Sequence[Any], folder: Path, requests
         "caching_off_s": _median(off_s),
         "overhead": _median(on_s) / _median(off_s) - 1.0,
         "write_ms_per_block": 1000 * written["write_s"] / max(written["written_blocks"], 1),
+        "write_cpu_ms_per_block": 1000 * written["write_cpu_s"] / max(written["written_blocks"], 1),
         "written_mb": written["written_bytes"] / 1e6,
     }
 

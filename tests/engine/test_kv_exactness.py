@@ -60,9 +60,11 @@ def _through_the_cache(runner: Any, prompt: list[int], prefix_len: int) -> tuple
 
 
 CASES = [
-    *[("fused", kv, p) for kv in KV_DTYPES for p in (64, 100)],
+    *[("fused", kv, 100) for kv in KV_DTYPES],  # off a block boundary: the radix split copies a part block
+    ("fused", "int8", 64),
     ("fused", "int8", 130),
-    *[("hf", kv, 100) for kv in KV_DTYPES],
+    ("hf", "float32", 100),  # transformers' forward rounds in KVBuffer.update, the same codec for all formats
+    ("hf", "int8", 100),
 ]
 
 
@@ -90,7 +92,7 @@ def test_a_loaded_prefix_is_the_computed_prefix_in_kv_and_logits(
 # many query rows share a call (SDPA's CPU kernel blocks queries by the call's length): the float32
 # exactness work provides that; the storage formats add no difference of their own (above).
 @pytest.mark.xfail(reason="attention rounding depends on the query rows in one call", strict=False)
-@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
 @pytest.mark.parametrize("prefix_len", [64, 100])
 def test_cached_logits_equal_one_full_prefill(loaded_model, prompt, kv_dtype, prefix_len):
     runner = _runner(loaded_model, "fused", kv_dtype)

@@ -9,6 +9,7 @@ tokens, so each test takes seconds beyond starting its servers.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import shutil
 import threading
@@ -22,7 +23,9 @@ import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.kv_blockfile import TEMP_PREFIX
-from tests.api.helpers import wait_until
+from rag.api import Settings
+from tests.api.conftest import make_engine
+from tests.api.helpers import metric_value, wait_until
 from tests.reliability import support
 
 MAX_TOKENS = 3
@@ -36,7 +39,7 @@ FILLER = (
 
 def _prompt(topic: int, words: int = 12) -> str:
     """~200 tokens (three whole 64-token blocks), distinct from the first token on."""
-    return f"Ledger {topic}: " + FILLER * 3 + " ".join(f"w{topic}x{k}" for k in range(words))
+    return f"Ledger {topic}: " + FILLER * 4 + " ".join(f"w{topic}x{k}" for k in range(words))
 
 
 def _env(folder: Path, **extra: str) -> dict[str, str]:
@@ -113,6 +116,7 @@ def test_sigkill_during_a_burst_of_disk_writes_never_serves_a_torn_block(tmp_pat
         for t in threads:
             t.join(60)
     on_disk = _block_files(folder)
+    torn = list(folder.rglob(f"{TEMP_PREFIX}*"))  # blocks the kill cut short: never renamed into place
     assert on_disk, "nothing was written before the kill"
 
     restarted = support.ServerProcess(tmp_path, env=_env(folder))
@@ -122,13 +126,13 @@ def test_sigkill_during_a_burst_of_disk_writes_never_serves_a_torn_block(tmp_pat
         for prompt in prompts:
             text, cached = _complete(http, prompt)
             assert text == _cold(http, prompt), prompt[:20]
-            hits += cached > 0
+            hits += cached >= 64
         disk = _disk(http)
         print(
-            f"killed after {len(sent)} requests sent with {len(on_disk)} block files on disk; "
-            f"restart: {hits}/{len(prompts)} prompts reused disk blocks, disk stats {disk}"
+            f"killed after {len(sent)} requests sent, with {len(on_disk)} block files and {len(torn)} temp "
+            f"files on disk; restart: {hits}/{len(prompts)} prompts reused disk blocks, disk stats {disk}"
         )
-        assert hits >= 1 and disk["hit_tokens"] >= 64
+        assert hits >= 1 and disk["hit_requests"] == hits and disk["hit_tokens"] >= 64
         assert disk["rejected"] == 0  # no torn or damaged block was found, let alone served
         assert wait_until(lambda: _settled(http), timeout=60)
         assert _disk(http)["written_blocks"] >= 1  # and the tier keeps writing
@@ -262,23 +266,27 @@ def test_warming_through_the_api_writes_blocks_a_restart_reads(keyed_server):
         assert _complete(http, prompt, key=ALICE)[1] == 192
 
 
-@pytest.mark.slow
-def test_a_full_disk_is_a_log_line_never_an_error(tmp_path, small_tmpfs):
-    server = support.ServerProcess(tmp_path, env=_env(small_tmpfs))  # 64 KiB: no block file fits
-    with server, httpx.Client(base_url=server.url, timeout=120) as http:
-        for n in range(3):
-            prompt = _prompt(400 + n)
-            text, _ = _complete(http, prompt)
-            assert text == _cold(http, prompt)
-        assert wait_until(lambda: _settled(http), timeout=60)
-        disk = _disk(http)
-        assert disk["write_errors"] >= 3 and disk["written_blocks"] == 0
-        metrics = http.get("/metrics").text
-        assert (
-            "prefixrag_kv_disk_write_errors_total" in metrics
-            and "prefixrag_kv_bytes_per_token 46080.0" in metrics
-        )
-    assert "cannot write" in server.log_path.read_text(errors="replace")
+def test_a_full_disk_is_a_log_line_never_an_error(serve, loaded_model, small_tmpfs, caplog):
+    """The folder on a 64 KiB tmpfs: no block file fits, every write fails with ENOSPC."""
+    eng = make_engine(loaded_model, disk_cache_dir=small_tmpfs)
+    try:
+        with (
+            serve(Settings(), engine=eng) as srv,
+            httpx.Client(base_url=srv.url, timeout=120) as http,
+            caplog.at_level(logging.WARNING, logger="engine.disk_tier"),
+        ):
+            for n in range(2):
+                prompt = _prompt(400 + n)
+                text, _ = _complete(http, prompt)
+                assert text == _cold(http, prompt)
+            assert wait_until(lambda: _settled(http), timeout=60)
+            disk = _disk(http)
+            assert disk["write_errors"] >= 2 and disk["written_blocks"] == 0
+            metrics = http.get("/metrics").text
+            assert metric_value(metrics, "prefixrag_kv_disk_write_errors_total") == disk["write_errors"]
+        assert any("cannot write" in rec.message and "No space left" in rec.message for rec in caplog.records)
+    finally:
+        eng.close()
 
 
 # ---- two servers on one folder ---------------------------------------------------------------------
@@ -301,7 +309,7 @@ def test_two_servers_sharing_a_folder_under_concurrent_load(tmp_path):
         clients = [httpx.Client(base_url=s.url, timeout=120) for s in servers]
         expected = {p: _cold(clients[0], p) for p in prompts}
         rng = random.Random(3)
-        jobs = [(rng.randrange(2), p) for p in prompts * 3]
+        jobs = [(rng.randrange(2), p) for p in prompts * 2]
         rng.shuffle(jobs)
         outcomes: list[tuple[str, str, str]] = []
 

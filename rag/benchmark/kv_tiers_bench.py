@@ -295,7 +295,8 @@ def break_even(loaded: LoadedModel, prompt: Any, folder: Path, lengths: Sequence
 
 
 def _crossing(rows: list[dict[str, Any]]) -> float:
-    """Tokens where the fitted disk and compute lines cross (0: disk is faster at every length)."""
+    """Tokens where the fitted disk and compute lines cross (0: disk is faster at every length; inf:
+    they never cross because computing costs less per token than reading)."""
 
     def fit(key: str) -> tuple[float, float]:
         xs, ys = [r["tokens"] for r in rows], [r[key] for r in rows]

@@ -414,16 +414,16 @@ def _kv_section(res: dict[str, Any]) -> str:
     for name, b in bpt.items():
         f = fid[name]
         rows.append(
-            f"| {name} | {b:,} | {f['mean_kl']:.2e} | {f['max_kl']:.2e} | {100 * f['top1_agreement']:.1f}% | "
-            f"{100 * f['first_token_agreement']:.0f}% | {100 * f['greedy_exact_match']:.0f}% | "
-            f"{100 * f['greedy_agreement']:.0f}% |"
+            f"| {name} | {b:,} | {_n(f['mean_kl'], '.2e')} | {_n(f['max_kl'], '.2e')} | "
+            f"{_pct(f['top1_agreement'], '.1f')} | {_pct(f['first_token_agreement'])} | "
+            f"{_pct(f['greedy_exact_match'])} | {_pct(f['greedy_agreement'])} |"
         )
     ws = kv.get("working_set")
     if ws:
         rows += [
             "",
             f"The stream's working set, {ws['tokens']:,} tokens, takes "
-            + ", ".join(f"{g:.2f} GiB in {n}" for n, g in ws["gib"].items())
+            + ", ".join(f"{_n(g, '.2f')} GiB in {n}" for n, g in ws["gib"].items())
             + ".",
         ]
     rows += [
@@ -442,29 +442,35 @@ def _kv_section(res: dict[str, Any]) -> str:
     ]
     for name, d in kv["disk_ttft"].items():
         rows.append(
-            f"| {name} | {d['prompt_tokens']:,} ({d['cached_disk']:,} from disk) | {d['cold_s']:.2f} s | "
-            f"{d['ram_s']:.3f} s | {d['disk_first_s']:.3f} s | {d['disk_s']:.3f} s | "
-            f"{d['disk_first_over_ram']:.2f}x / {d['disk_over_ram']:.2f}x | "
-            f"{d['cold_over_disk_first']:.1f}x / {d['cold_over_disk']:.1f}x | {d['read_mb_s']:,.0f} MB/s | "
-            f"{d['read_ms_per_block']:.1f} ms |"
+            f"| {name} | {d['prompt_tokens']:,} ({d['cached_disk']:,} from disk) | {_n(d['cold_s'], '.2f')} s | "
+            f"{_n(d['ram_s'], '.3f')} s | {_n(d['disk_first_s'], '.3f')} s | {_n(d['disk_s'], '.3f')} s | "
+            f"{_n(d['disk_first_over_ram'], '.2f')}x / {_n(d['disk_over_ram'], '.2f')}x | "
+            f"{_n(d['cold_over_disk_first'], '.1f')}x / {_n(d['cold_over_disk'], '.1f')}x | "
+            f"{_n(d['read_mb_s'], ',.0f')} MB/s | {_n(d['read_ms_per_block'], '.1f')} ms |"
         )
     be, zero = kv["break_even"], kv["zero_hit"]
     points = ", ".join(
-        f"{r['tokens']} tokens: disk {1000 * r['disk_s']:.1f} ms vs compute {1000 * r['compute_s']:.0f} ms"
+        f"{r['tokens']} tokens: disk {_n(r['disk_s'], '.4f')} s vs compute {_n(r['compute_s'], '.3f')} s"
         for r in be["rows"]
     )
     crossing = be["break_even_tokens"]
     rows += [
         "",
         f"Break-even prefix length (float32 KV, cold files, recycled buffers): {points}; the fitted lines cross "
-        + ("nowhere: the disk is faster at every length" if crossing == 0 else f"at {crossing:.0f} tokens")
+        + (
+            "nowhere in range: the disk is faster at every length"
+            if crossing == 0
+            else f"at {crossing:.0f} tokens"
+            if isinstance(crossing, (int, float)) and math.isfinite(crossing)
+            else "nowhere: computing is cheaper per token than reading (check the disk)"
+        )
         + ", and the disk tier's unit is one 64-token block.",
         "",
         f"0% hits, {zero['requests']} prompts back to back (the disk writer overlaps the next prefill): TTFT "
-        f"{zero['disk_on_s']:.2f} s with the disk tier on vs {zero['caching_off_s']:.2f} s caching off "
-        f"({100 * zero['overhead']:+.1f}%); the writer spent {zero['write_ms_per_block']:.1f} ms per block, "
-        f"{zero.get('write_cpu_ms_per_block', math.nan):.1f} ms of it on the CPU (the rest waits on fsync), "
-        f"{zero['written_mb']:.0f} MB written. Blocks are written when they are inserted, not when RAM evicts "
+        f"{_n(zero['disk_on_s'], '.2f')} s with the disk tier on vs {_n(zero['caching_off_s'], '.2f')} s caching "
+        f"off ({_n(zero['overhead'], '+.1%')}); the writer spent {_n(zero['write_ms_per_block'], '.1f')} ms per "
+        f"block, {_n(zero.get('write_cpu_ms_per_block'), '.1f')} ms of it on the CPU (the rest waits on fsync), "
+        f"{_n(zero['written_mb'], '.0f')} MB written. Blocks are written when they are inserted, not when RAM evicts "
         "them: then a SIGKILL or a restart loses nothing the RAM tier held, and replicas see each other's "
         "blocks at once.",
         "",
@@ -472,8 +478,21 @@ def _kv_section(res: dict[str, Any]) -> str:
         "|---|---|---|---|",
     ]
     for t in kv["targets"]:
-        rows.append(f"| {t['target']} | {t['value']:.2f} | {'yes' if t['met'] else '**no**'} | {t['note']} |")
+        rows.append(
+            f"| {t['target']} | {_n(t['value'], ',.2f')} | {'yes' if t['met'] else '**no**'} | {t['note']} |"
+        )
     return "\n".join(rows)
+
+
+def _n(value: Any, spec: str) -> str:
+    """A number formatted, or "n/a" for one that was not measured (NaN, stored as null in the JSON)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return format(value, spec)
+
+
+def _pct(value: Any, spec: str = ".0f") -> str:
+    return "n/a" if value is None else f"{format(100 * value, spec)}%"
 
 
 def _method(res: dict[str, Any]) -> str:

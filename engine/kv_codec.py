@@ -127,11 +127,11 @@ class _CodecBase:
 class FloatCodec(_CodecBase):
     """Keys and values stored as a float dtype (a cast; the identity when it is the compute dtype)."""
 
-    def __init__(self, name: str, compute_dtype: torch.dtype) -> None:
-        self.name = name
+    def __init__(self, stored_dtype: torch.dtype, compute_dtype: torch.dtype) -> None:
+        self.name = str(stored_dtype).removeprefix("torch.")
         self.compute_dtype = compute_dtype
-        self.stored_dtype = _FLOATS[name]
-        self.identity = self.stored_dtype == compute_dtype
+        self.stored_dtype = stored_dtype
+        self.identity = stored_dtype == compute_dtype
 
     def round(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.identity else x.to(self.stored_dtype).to(x.dtype)
@@ -196,7 +196,7 @@ def make_codec(kv_dtype: str, compute_dtype: torch.dtype) -> KVCodec:
     if kv_dtype == "float32":
         return identity_codec(compute_dtype)
     if kv_dtype in _FLOATS:
-        return FloatCodec(kv_dtype, compute_dtype)
+        return FloatCodec(_FLOATS[kv_dtype], compute_dtype)
     raise ValueError(f"unsupported kv_dtype {kv_dtype!r}; use one of {', '.join(KV_DTYPES)}")
 
 
@@ -206,8 +206,5 @@ def compute_dtype(model: Any) -> torch.dtype:
 
 
 def identity_codec(dtype: torch.dtype) -> KVCodec:
-    """Store exactly what the model computes (a segment built without a codec)."""
-    name = next((n for n, d in _FLOATS.items() if d == dtype), None)
-    if name is None:
-        raise ValueError(f"KV tensors must be float32, bfloat16 or float16, got {dtype}")
-    return FloatCodec(name, dtype)
+    """Store exactly what the model computes (also a segment built without a codec)."""
+    return FloatCodec(dtype, dtype)

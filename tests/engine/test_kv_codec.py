@@ -78,3 +78,11 @@ def test_float32_on_a_bfloat16_model_is_the_model_precision():
 def test_unknown_kv_dtype_is_a_clear_error():
     with pytest.raises(ValueError, match=r"unsupported kv_dtype 'int4'.*int8"):
         make_codec("int4", torch.float32)
+
+
+@pytest.mark.parametrize("name", ["engine.kv_codec", "engine.kv_chain"])
+def test_docstring_examples(name):
+    import doctest
+    import importlib
+
+    assert doctest.testmod(importlib.import_module(name)).failed == 0

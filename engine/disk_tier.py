@@ -2,15 +2,17 @@
 replicas of one model may share.
 
   read:   a request's RAM match ─► extend(): the next whole 64-token blocks of its prompt whose files
-          exist are read (in parallel), verified, and decoded into its buffer; the engine's usual
-          insert after the first token then promotes them into RAM
-  write:  every insert ─► persist(): a background writer looks up the prefix's blocks in RAM and
-          writes the ones the folder lacks (write-behind; the queue is bounded, a full queue drops)
+          exist are read (in parallel), checked, and decoded into its buffer, then the partial block
+          stored after them as far as its tokens are the prompt's; the engine's usual insert after the
+          first token promotes all of it into RAM
+  write:  every insert ─► persist(): a background writer looks up the prefix's KV in RAM and writes
+          the blocks the folder lacks, then the partial block after them (write-behind; the queue is
+          bounded, a full queue drops)
 
 Blocks are content-addressed (engine.kv_chain): a file can only be found by the model, formats and
 namespace that wrote it. Each file is checked before use (engine.kv_blockfile); one that fails is a
-miss, logged and deleted, never a crash and never loaded. Only whole blocks go to disk, and reads stop
-at the caller's limit, so the engine's "at least one prompt token is computed" cap holds.
+miss, logged and deleted, never a crash and never loaded. Reads stop at the caller's limit, so the
+engine's "at least one prompt token is computed" cap holds.
 
 Example:
     >>> tier = DiskTier(Path("/srv/kv"), 8 << 30, fingerprint=fp, codec=codec,           # doctest: +SKIP
@@ -37,11 +39,12 @@ import numpy as np
 import torch
 
 from engine.kv import BLOCK_TOKENS, KVBuffer, KVSegment
-from engine.kv_blockfile import BlockMeta, read_block_file, write_block_file
-from engine.kv_chain import block_hashes, chain_root, model_fingerprint
+from engine.kv_blockfile import BlockMeta, read_block_file, read_block_tokens, write_block_file
+from engine.kv_chain import block_hashes, chain_root, model_fingerprint, tail_hash
 from engine.kv_codec import KVCodec, KVGeometry, compute_dtype
 from engine.kv_directory import BlockDirectory
 from prefix_cache import RadixCache
+from prefix_cache.keys import common_prefix_len
 
 log = logging.getLogger(__name__)
 
@@ -113,64 +116,108 @@ class DiskTier:
 
     def _extend(self, buffer: KVBuffer, tokens: Sequence[int], namespace: str, limit: int) -> int:
         start, b = buffer.length, BLOCK_TOKENS
-        first, last = start // b, min(limit, len(tokens)) // b
-        if first >= last:
+        limit = min(limit, len(tokens))
+        first, last = start // b, limit // b
+        if start >= limit:
             return 0
         clock = time.perf_counter()
         keys = block_hashes(self._root(namespace), tokens[: last * b])
         run = list(itertools.takewhile(lambda j: self.folder.exists(keys[j]), range(first, last)))
-        added = read = blocks = 0
-        if run:
-            g = self.geometry
-            buffer.ensure_storage(g.kv_heads, g.head_dim, self.codec.compute_dtype, "cpu", g.v_dim)
-            buffer.reserve((first + len(run)) * b)
-            # each block is read, checked and decoded into its place by a reader thread
-            for nbytes in self._readers.map(lambda j: self._load(buffer, keys, tokens, namespace, j), run):
-                if not nbytes:
-                    break  # a block is useless without the ones before it
-                read += nbytes
-                blocks += 1
-            if blocks:
-                added = (first + blocks) * b - start
-                buffer.set_length(start + added)
-                now = time.time_ns()
-                for j in range(first, first + blocks):
-                    self.folder.touch(keys[j], j, now)
+        g = self.geometry
+        buffer.ensure_storage(g.kv_heads, g.head_dim, self.codec.compute_dtype, "cpu", g.v_dim)
+        buffer.reserve(limit)
+        read = blocks = 0
+        # each whole block is read, checked and decoded into its place by a reader thread
+        for nbytes in self._readers.map(lambda j: self._load(buffer, keys, tokens, namespace, j), run):
+            if not nbytes:
+                break  # a block is useless without the ones before it
+            read += nbytes
+            blocks += 1
+        end = (first + blocks) * b if blocks else start
+        tail, nbytes = self._load_tail(buffer, keys, tokens, namespace, (first + blocks) * b, limit)
+        end = max(end, tail)
+        if end > start:
+            buffer.set_length(end)
+            now = time.time_ns()
+            for j in range(first, first + blocks):
+                self.folder.touch(keys[j], j, now)
         self._add(
             lookups=1,
-            hit_requests=int(added > 0),
-            hit_tokens=added,
-            read_blocks=blocks,
-            read_bytes=read,
+            hit_requests=int(end > start),
+            hit_tokens=end - start,
+            read_blocks=blocks + int(nbytes > 0),
+            read_bytes=read + nbytes,
             read_s=time.perf_counter() - clock,
         )
-        return added
+        return end - start
 
     def _load(self, buffer: KVBuffer, keys: list[str], tokens: Sequence[int], namespace: str, j: int) -> int:
-        """Read block ``j`` into its place in ``buffer`` (the part past what the buffer holds); its
+        """Read whole block ``j`` into its place in ``buffer`` (the part past what the buffer holds); its
         stored bytes, or 0 if it is missing or fails a check (then nothing of it is used)."""
-        path = self.folder.path(keys[j])
+        b = BLOCK_TOKENS
+        got = self._read(keys[j], self._meta(keys, namespace, j * b, keys[j], tokens[j * b : (j + 1) * b]))
+        if got is None:
+            return 0
+        _, k, v = got
+        skip = max(buffer.length - j * b, 0)  # tokens of it the RAM match already loaded
+        buffer.write_at(j * b + skip, KVSegment.from_stored(k, v, self.codec)[skip:])
+        return k.nbytes + v.nbytes
+
+    def _load_tail(
+        self, buffer: KVBuffer, keys: list[str], tokens: Sequence[int], namespace: str, pos: int, limit: int
+    ) -> tuple[int, int]:
+        """The partial block stored at ``pos``, as far as its tokens are the prompt's (and within
+        ``limit``), into ``buffer``: (the end of what the buffer then holds validly, bytes read)."""
+        if pos >= limit:
+            return pos, 0
+        key = tail_hash(self._parent(keys, namespace, pos), tokens[pos])
+        if not self.folder.exists(key):
+            return pos, 0
+        got = self._read(key, self._meta(keys, namespace, pos, key, None))
+        if got is None:
+            return pos, 0
+        stored, k, v = got
+        shared = common_prefix_len(stored, list(tokens), pos, limit)
+        skip = max(buffer.length - pos, 0)
+        if shared <= skip:
+            return pos, 0
+        buffer.write_at(pos + skip, KVSegment.from_stored(k, v, self.codec)[skip:shared])
+        self.folder.touch(key, pos // BLOCK_TOKENS, time.time_ns())
+        return pos + shared, k.nbytes + v.nbytes
+
+    def _read(self, key: str, meta: BlockMeta) -> tuple[list[int], torch.Tensor, torch.Tensor] | None:
+        """A block file's contents after every check, in this thread's reusable buffer; None if it is
+        missing or fails one (a damaged or foreign file is logged and deleted)."""
+        path = self.folder.path(key)
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
             scratch = self._local.scratch = np.empty(self._file_bytes, dtype=np.uint8)
         try:
-            meta = self._meta(keys, tokens, namespace, j)
-            k, v = read_block_file(path, meta, self.k_shape, self.v_shape, self.codec.stored_dtype, scratch)
+            return read_block_file(path, meta, self._shapes, self.codec.stored_dtype, scratch)
         except FileNotFoundError:  # evicted since it was seen: a plain miss
-            return 0
+            return None
         except Exception as exc:  # damaged, truncated, foreign or unreadable: never used
             log.warning("disk KV block %s rejected (%s); deleted", path, exc)
-            self.folder.remove(keys[j])
+            self.folder.remove(key)
             self._add(rejected=1)
-            return 0
-        skip = max(buffer.length - j * BLOCK_TOKENS, 0)  # tokens of it the RAM match already loaded
-        buffer.write_at(j * BLOCK_TOKENS + skip, KVSegment.from_stored(k, v, self.codec)[skip:])
-        return k.nbytes + v.nbytes
+            return None
 
-    def _meta(self, keys: list[str], tokens: Sequence[int], namespace: str, j: int) -> BlockMeta:
-        b = BLOCK_TOKENS
-        parent = keys[j - 1] if j else self._root(namespace).hex()
-        return BlockMeta(keys[j], parent, self.fingerprint, self.kv_dtype, list(tokens[j * b : (j + 1) * b]))
+    def _shapes(self, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        if not 0 < n <= BLOCK_TOKENS:
+            raise ValueError(f"a block holds 1 to {BLOCK_TOKENS} tokens, not {n}")
+        return (*self.k_shape[:2], n, self.k_shape[3]), (*self.v_shape[:2], n, self.v_shape[3])
+
+    def _meta(
+        self, keys: list[str], namespace: str, pos: int, key: str, block_tokens: Sequence[int] | None
+    ) -> BlockMeta:
+        parent = self._parent(keys, namespace, pos).hex()
+        tokens = None if block_tokens is None else list(block_tokens)
+        return BlockMeta(key, parent, self.fingerprint, self.kv_dtype, tokens)
+
+    def _parent(self, keys: list[str], namespace: str, pos: int) -> bytes:
+        """The address before position ``pos`` (a block boundary): the previous block's, or the root."""
+        j = pos // BLOCK_TOKENS
+        return bytes.fromhex(keys[j - 1]) if j else self._root(namespace)
 
     def _root(self, namespace: str) -> bytes:
         root = self._roots.get(namespace)
@@ -180,12 +227,12 @@ class DiskTier:
 
     # ---- write ----------------------------------------------------------------------------------
     def persist(self, namespace: str, tokens: Sequence[int]) -> None:
-        """Queue the whole blocks of ``tokens`` (just inserted into the RAM cache) for writing."""
-        whole = len(tokens) // BLOCK_TOKENS * BLOCK_TOKENS
-        if whole == 0 or self._closed:
+        """Queue ``tokens`` (just inserted into the RAM cache) for writing: their whole blocks and the
+        partial block after them."""
+        if not tokens or self._closed:
             return
         try:
-            self._queue.put_nowait((namespace, list(tokens[:whole])))
+            self._queue.put_nowait((namespace, list(tokens)))
         except queue.Full:
             self._add(write_dropped=1)
 
@@ -213,41 +260,62 @@ class DiskTier:
                 self._queue.task_done()
 
     def _write_prefix(self, namespace: str, tokens: list[int]) -> None:
+        b = BLOCK_TOKENS
         keys = block_hashes(self._root(namespace), tokens)
+        whole = len(keys) * b
         now = time.time_ns()
         missing = [j for j, key in enumerate(keys) if not self.folder.touch(key, j, now)]  # touch = used
-        if not missing:
+        tail_key = (
+            tail_hash(self._parent(keys, namespace, whole), tokens[whole]) if whole < len(tokens) else None
+        )
+        if not missing and (tail_key is None or self._tail_covers(tail_key, tokens[whole:], len(keys), now)):
             return
         length, values = self.cache.peek_values(tokens, namespace)
         if not values:
             return
         chain = KVSegment.concat(values)
-        b = BLOCK_TOKENS
         for j in missing:
             if (j + 1) * b > length:
-                break  # the RAM cache no longer (or never) held the rest
-            if not self._write_block(chain[j * b : (j + 1) * b], keys, tokens, namespace, j, now):
-                break
+                return  # the RAM cache no longer (or never) held the rest
+            if not self._write_block(
+                chain[j * b : (j + 1) * b],
+                keys[j],
+                self._meta(keys, namespace, j * b, keys[j], tokens[j * b : (j + 1) * b]),
+                keys,
+                j,
+                now,
+            ):
+                return
+        if tail_key is not None and length > whole:
+            meta = self._meta(keys, namespace, whole, tail_key, tokens[whole:length])
+            self._write_block(chain[whole:length], tail_key, meta, keys, len(keys), now)
+
+    def _tail_covers(self, key: str, tail: list[int], depth: int, now: int) -> bool:
+        """Whether the partial block stored under ``key`` already holds ``tail`` (or more of it)."""
+        stored = read_block_tokens(self.folder.path(key))
+        if stored is None or stored[: len(tail)] != tail:
+            return False
+        return self.folder.touch(key, depth, now)
 
     def _write_block(
-        self, part: KVSegment, keys: list[str], tokens: list[int], namespace: str, j: int, now: int
+        self, part: KVSegment, key: str, meta: BlockMeta, chain: list[str], depth: int, now: int
     ) -> bool:
         clock, cpu = time.perf_counter(), time.thread_time()
         stored = part.stored_parts()
         k = stored[0][0] if len(stored) == 1 else torch.cat([k for k, _ in stored], 2)
         v = stored[0][1] if len(stored) == 1 else torch.cat([v for _, v in stored], 2)
-        if not self.folder.reserve(k.nbytes + v.nbytes + _HEADER_ALLOWANCE, keep=set(keys)):
+        if not self.folder.reserve(k.nbytes + v.nbytes + _HEADER_ALLOWANCE, keep={*chain, key}):
             self._add(write_dropped=1)
             return False
-        path = self.folder.path(keys[j])
+        path = self.folder.path(key)
         try:
-            size = write_block_file(path, self._meta(keys, tokens, namespace, j), k, v)
+            size = write_block_file(path, meta, k, v)
         except OSError as exc:  # a full or read-only disk: skip, keep serving
             log.warning("disk KV tier: cannot write %s (%s)", path, exc)
             self._add(write_errors=1)
             return False
         self.folder.added(size)
-        self.folder.touch(keys[j], j, now)
+        self.folder.touch(key, depth, now)
         elapsed, cpu = time.perf_counter() - clock, time.thread_time() - cpu
         self._add(written_blocks=1, written_bytes=size, write_s=elapsed, write_cpu_s=cpu)
         return True

@@ -20,7 +20,8 @@ Example:
     ...                  tokens=list(range(64)))
     >>> k = v = torch.zeros(30, 3, 64, 66, dtype=torch.int8)
     >>> size = write_block_file(Path("/tmp/x.kvb"), meta, k, v)             # doctest: +SKIP
-    >>> keys, values = read_block_file(Path("/tmp/x.kvb"), meta, k.shape, v.shape, torch.int8)  # doctest: +SKIP
+    >>> tokens, keys, values = read_block_file(Path("/tmp/x.kvb"), meta, lambda n: (k.shape, v.shape),
+    ...                                        torch.int8)                                 # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import os
 import struct
 import uuid
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +58,7 @@ class BlockMeta:
     parent: str  # the previous block's address, or the chain root (hex)
     fingerprint: str  # engine.kv_chain.model_fingerprint
     kv_dtype: str
-    tokens: list[int]
+    tokens: list[int] | None  # None when reading: any tokens (a partial last block)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -71,7 +72,7 @@ def encode_header(meta: BlockMeta, keys: torch.Tensor, values: torch.Tensor, pay
         "parent": meta.parent,
         "fingerprint": meta.fingerprint,
         "kv_dtype": meta.kv_dtype,
-        "tokens": list(meta.tokens),
+        "tokens": list(meta.tokens or ()),
         "tensors": [
             {"name": name, "dtype": dtype_name(t.dtype), "shape": list(t.shape)}
             for name, t in (("keys", keys), ("values", values))
@@ -108,17 +109,21 @@ def write_block_file(path: Path, meta: BlockMeta, keys: torch.Tensor, values: to
 TEMP_PREFIX = ".tmp-"  # then the writer's pid: a crashed writer's leftovers are recognisable
 
 
+Shapes = Callable[[int], tuple[Sequence[int], Sequence[int]]]  # tokens -> (keys shape, values shape)
+
+
 def read_block_file(
     path: Path,
     expect: BlockMeta,
-    k_shape: Sequence[int],
-    v_shape: Sequence[int],
+    shapes: Shapes,
     dtype: torch.dtype,
     scratch: np.ndarray | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (keys, values) of a block file, after every check; BlockFileError if any fails.
+) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """The (tokens, keys, values) of a block file, after every check; BlockFileError if any fails.
     FileNotFoundError passes through (a block another process evicted is a plain miss).
 
+    ``expect.tokens`` None accepts whatever tokens the file holds (a prefix's last, partial block: the
+    caller uses what they share with its prompt); ``shapes(n)`` is what n tokens' tensors must be.
     With ``scratch`` (a uint8 array at least the file's size) the file is read into it and the tensors
     are views of it, valid until it is reused: reused memory is not faulted in again on every read."""
     with open(path, "rb", buffering=0) as fh:
@@ -133,7 +138,7 @@ def read_block_file(
                 raise BlockFileError(f"short read: {done} of {size} bytes")
             done += n
     header, offset = _parse_header(view)
-    _check_header(header, expect, k_shape, v_shape, dtype)
+    tokens, (k_shape, v_shape) = _check_header(header, expect, shapes, dtype)
     if offset % _ALIGN:
         raise BlockFileError("payload is not aligned")
     payload = view[offset:]
@@ -145,7 +150,20 @@ def read_block_file(
     k_bytes = _numel(k_shape) * _itemsize(dtype)
     keys = flat[:k_bytes].view(dtype).view(*k_shape)
     values = flat[k_bytes:].view(dtype).view(*v_shape)
-    return keys, values
+    return tokens, keys, values
+
+
+def read_block_tokens(path: Path) -> list[int] | None:
+    """The token ids a block file's header claims (None if it has none, or no readable header)."""
+    try:
+        with open(path, "rb") as fh:
+            prefix = fh.read(_PREFIX.size)
+            length = _PREFIX.unpack_from(prefix)[1] if len(prefix) == _PREFIX.size else 0
+            header, _ = _parse_header(memoryview(prefix + fh.read(min(length, _MAX_HEADER))))
+    except (OSError, BlockFileError, struct.error):
+        return None
+    tokens = header.get("tokens")
+    return tokens if isinstance(tokens, list) else None
 
 
 def _parse_header(view: memoryview) -> tuple[dict, int]:
@@ -169,15 +187,20 @@ def _parse_header(view: memoryview) -> tuple[dict, int]:
 
 
 def _check_header(
-    header: dict, expect: BlockMeta, k_shape: Sequence[int], v_shape: Sequence[int], dtype: torch.dtype
-) -> None:
+    header: dict, expect: BlockMeta, shapes: Shapes, dtype: torch.dtype
+) -> tuple[list[int], tuple[Sequence[int], Sequence[int]]]:
+    tokens = header.get("tokens")
+    if not isinstance(tokens, list) or not tokens or not all(type(t) is int for t in tokens):
+        raise BlockFileError("the header has no token ids")
+    if expect.tokens is not None and tokens != list(expect.tokens):
+        raise BlockFileError("written for another tokens (model, namespace, prefix or format)")
+    k_shape, v_shape = shapes(len(tokens))
     want = {
         "format": FORMAT_VERSION,
         "key": expect.key,
         "parent": expect.parent,
         "fingerprint": expect.fingerprint,
         "kv_dtype": expect.kv_dtype,
-        "tokens": list(expect.tokens),
         "tensors": [
             {"name": "keys", "dtype": dtype_name(dtype), "shape": list(k_shape)},
             {"name": "values", "dtype": dtype_name(dtype), "shape": list(v_shape)},
@@ -189,6 +212,7 @@ def _check_header(
     expected = (_numel(k_shape) + _numel(v_shape)) * _itemsize(dtype)
     if header.get("payload_bytes") != expected or not isinstance(header.get("payload_crc32"), int):
         raise BlockFileError("payload size or checksum field is wrong")
+    return tokens, (k_shape, v_shape)
 
 
 def _byte_view(t: torch.Tensor) -> memoryview:

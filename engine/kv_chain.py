@@ -1,7 +1,8 @@
 """Content addresses of disk KV blocks: a model fingerprint and a hash chain over 64-token blocks.
 
 A block's address is ``sha256(parent address, its token ids)``, and the chain starts from
-``sha256(model fingerprint, namespace)``. So an address names the whole prefix up to the block's end,
+``sha256(model fingerprint, namespace)``; a prefix's last, partial block is named by its parent and
+its first token (``tail_hash``). So an address names the whole prefix up to the block's end,
 for one model, dtype, KV format and weights format, in one tenant namespace: another model or tenant
 can never compute it, and two processes that compute the same KV compute the same address.
 
@@ -80,3 +81,10 @@ def block_hashes(root: bytes, tokens: Sequence[int], block_tokens: int = BLOCK_T
         parent = hashlib.sha256(parent + struct.pack(f"<{block_tokens}q", *block)).digest()
         out.append(parent.hex())
     return out
+
+
+def tail_hash(parent: bytes, first_token: int) -> str:
+    """Hex address of a prefix's last, partial block: named by the whole blocks before it and its first
+    token only, so a reader whose prompt continues differently still finds it (and uses the tokens both
+    share); the latest writer of another continuation replaces it."""
+    return hashlib.sha256(parent + b"\0tail\0" + struct.pack("<q", first_token)).hexdigest()

@@ -57,18 +57,19 @@ def test_a_restarted_engine_reads_the_disk_tier_and_promotes_it_to_ram(
     loaded_model, reference, prompt, tmp_path
 ):
     written = _write(loaded_model, tmp_path, prompt)
-    assert written["written_blocks"] == 3 and len(_files(tmp_path)) == 3  # 200 tokens: 3 whole blocks
+    # 200 tokens: 3 whole blocks and the 8 after them; the answer's insert rewrote that partial block longer
+    assert written["written_blocks"] == 5 and len(_files(tmp_path)) == 4
     expected = reference.generate(prompt, GREEDY).token_ids
     eng = _engine(loaded_model, tmp_path)  # a restart: empty RAM cache, same folder
     try:
         first = eng.generate(prompt, GREEDY)
-        assert first.cached_tokens == 3 * BLOCK_TOKENS and first.token_ids == expected
+        assert first.cached_tokens == len(prompt) - 1 and first.token_ids == expected  # as from RAM
         assert first.phases["disk"] > 0
         again = eng.generate(prompt, GREEDY)  # promoted: RAM serves all but the last token
         assert again.cached_tokens == len(prompt) - 1 and again.token_ids == expected
         disk = eng.stats()["disk"]
-        assert (disk["hit_requests"], disk["hit_tokens"], disk["read_blocks"]) == (1, 192, 3)
-        assert disk["read_bytes"] == 3 * BLOCK_TOKENS * 46_080 and disk["rejected"] == 0
+        assert (disk["hit_requests"], disk["hit_tokens"], disk["read_blocks"]) == (1, 199, 4)
+        assert disk["read_bytes"] == (192 + 11) * 46_080 and disk["rejected"] == 0  # the last block: 8 + 3
     finally:
         eng.close()
 
@@ -81,15 +82,18 @@ def test_logits_from_disk_equal_computed_logits(loaded_model, prompt, tmp_path, 
         runner, ns = eng.runner, eng._namespace("")
         computed = runner.new_buffer(len(prompt))
         runner.prefill(prompt, computed)  # what the writing engine computed
-        computed.truncate(192)
+        computed.truncate(199)
         loaded = runner.new_buffer(len(prompt))
-        assert eng.disk is not None and eng.disk.extend(loaded, prompt, ns, limit=len(prompt) - 1) == 192
+        assert eng.disk is not None and eng.disk.extend(loaded, prompt, ns, limit=len(prompt) - 1) == 199
         for got, want in zip(loaded.stores(), computed.stores()):
-            assert torch.equal(got[:, :, :, :192], want[:, :, :, :192])
-        assert torch.equal(runner.prefill(prompt[192:], loaded), runner.prefill(prompt[192:], computed))
-        sizes = {p.stat().st_size for p in _files(tmp_path)}
+            assert torch.equal(got[:, :, :, :199], want[:, :, :, :199])
+        assert torch.equal(runner.prefill(prompt[199:], loaded), runner.prefill(prompt[199:], computed))
+        sizes = sorted(p.stat().st_size for p in _files(tmp_path))
         per_token = eng.stats()["kv"]["bytes_per_token"]
-        assert all(BLOCK_TOKENS * per_token < s < BLOCK_TOKENS * per_token + 4096 for s in sizes)
+        assert all(BLOCK_TOKENS * per_token < s < BLOCK_TOKENS * per_token + 4096 for s in sizes[1:])
+        assert (
+            11 * per_token < sizes[0] < 11 * per_token + 4096
+        )  # the partial block: 8 prompt + 3 answer tokens
     finally:
         eng.close()
 
@@ -137,7 +141,9 @@ def test_a_damaged_or_foreign_block_is_a_miss_logged_and_deleted(
         assert eng.stats()["disk"]["rejected"] == 1
         assert any("rejected" in rec.message and keys[1] in rec.message for rec in caplog.records)
         eng.disk.flush(60)  # deleted, then the request's insert rewrote it from RAM: the tier heals
-        assert victim.exists() and read_block_file(victim, *_expect(eng, prompt, keys, 1))
+        assert (
+            victim.exists() and read_block_file(victim, *_expect(eng, prompt, keys, 1))[0] == prompt[64:128]
+        )
     finally:
         eng.close()
 
@@ -152,12 +158,9 @@ def _chain_keys(eng: Engine, prompt: list[int]) -> list[str]:
 def _expect(eng: Engine, prompt: list[int], keys: list[str], j: int) -> tuple:
     tier = eng.disk
     assert tier is not None
-    return (
-        tier._meta(keys, prompt, eng._namespace(""), j),
-        tier.k_shape,
-        tier.v_shape,
-        tier.codec.stored_dtype,
-    )
+    b = BLOCK_TOKENS
+    meta = tier._meta(keys, eng._namespace(""), j * b, keys[j], prompt[j * b : (j + 1) * b])
+    return meta, tier._shapes, tier.codec.stored_dtype
 
 
 def test_other_models_formats_and_tenants_never_read_a_block(loaded_model, prompt, tmp_path):
@@ -180,7 +183,7 @@ def test_other_models_formats_and_tenants_never_read_a_block(loaded_model, promp
             eng.close()
     eng = _engine(loaded_model, tmp_path)
     try:
-        assert eng.generate(prompt, GREEDY, namespace="tenant-a").cached_tokens == 192  # still there
+        assert eng.generate(prompt, GREEDY, namespace="tenant-a").cached_tokens == 199  # still there
     finally:
         eng.close()
 
@@ -243,7 +246,7 @@ def test_engines_sharing_a_folder_write_and_read_concurrently(loaded_model, refe
             t.join(120)
         for eng in engines:
             assert eng.disk is not None and eng.disk.flush(60)
-        assert len(_files(tmp_path)) == 6
+        assert len(_files(tmp_path)) == 8  # per prompt: 3 whole blocks and the partial one
         for i in range(4):
             assert results[i] == reference.generate(prompts[i], GREEDY).token_ids
     finally:
@@ -251,7 +254,7 @@ def test_engines_sharing_a_folder_write_and_read_concurrently(loaded_model, refe
             eng.close()
     late = _engine(loaded_model, tmp_path)  # a new replica finds both prefixes
     try:
-        assert [late.generate(p, GREEDY).cached_tokens for p in prompts[:2]] == [192, 192]
+        assert [late.generate(p, GREEDY).cached_tokens for p in prompts[:2]] == [199, 199]
         assert late.stats()["disk"]["rejected"] == 0
     finally:
         late.close()
@@ -267,10 +270,13 @@ def test_warm_writes_through_to_disk(loaded_model, prompt, tmp_path):
             eng.warm(["fine", []])
     finally:
         eng.close()
-    assert len(_files(tmp_path)) == 3
+    assert len(_files(tmp_path)) == 5  # 3 whole blocks; partial ones after block 2 and after block 0
     fresh = _engine(loaded_model, tmp_path)
     try:
-        assert fresh.generate(prompt, GREEDY, namespace="faq").cached_tokens == 192
+        # block 0 and the partial block the 70-token prompt left after it, before RAM holds anything
+        assert fresh.generate(prompt[:70] + [42], GREEDY, namespace="faq").cached_tokens == 70
+        assert fresh.stats()["disk"]["hit_tokens"] == 70
+        assert fresh.generate(prompt, GREEDY, namespace="faq").cached_tokens == 199
     finally:
         fresh.close()
 

@@ -12,6 +12,7 @@ from engine.kv_blockfile import (
     BlockFileError,
     BlockMeta,
     read_block_file,
+    read_block_tokens,
     write_block_file,
 )
 
@@ -31,7 +32,7 @@ def _tensors(dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tenso
 
 
 def _read(path, meta=META, dtype=torch.int8, shape=SHAPE):
-    return read_block_file(path, meta, shape, shape, dtype)
+    return read_block_file(path, meta, lambda n: (shape, shape), dtype)[1:]
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float32, torch.bfloat16, torch.float16], ids=str)
@@ -40,8 +41,8 @@ def test_round_trip_is_exact(tmp_path, dtype):
     path = tmp_path / "ab" / "block.kvb"
     size = write_block_file(path, META, keys, values)
     assert size == path.stat().st_size and size % 64 == 0  # payload aligned; header padded to 64 bytes
-    k, v = read_block_file(path, META, keys.shape, values.shape, dtype)
-    assert torch.equal(k, keys) and torch.equal(v, values)
+    tokens, k, v = read_block_file(path, META, lambda n: (keys.shape, values.shape), dtype)
+    assert tokens == META.tokens and torch.equal(k, keys) and torch.equal(v, values)
     assert [p.name for p in path.parent.iterdir()] == ["block.kvb"]  # no temp file left behind
 
 
@@ -120,6 +121,20 @@ def test_a_consistent_but_lying_header_is_refused(tmp_path):
     path.write_bytes(MAGIC + struct.pack("<II", len(body), zlib.crc32(body)) + body + data[16 + length :])
     with pytest.raises(BlockFileError):
         _read(path)
+
+
+def test_a_partial_block_is_read_with_whatever_tokens_it_holds(tmp_path):
+    path = tmp_path / "tail.kvb"
+    keys, values = (t[:, :, :5] for t in _tensors())
+    write_block_file(path, BlockMeta(**{**META.__dict__, "tokens": [9, 8, 7, 6, 5]}), keys, values)
+    expect = BlockMeta(**{**META.__dict__, "tokens": None})
+    tokens, k, v = read_block_file(path, expect, lambda n: ((2, 3, n, 66), (2, 3, n, 66)), torch.int8)
+    assert tokens == [9, 8, 7, 6, 5] and torch.equal(k, keys) and torch.equal(v, values)
+    assert read_block_tokens(path) == [9, 8, 7, 6, 5]
+    with pytest.raises(BlockFileError, match="another tokens"):
+        read_block_file(path, META, lambda n: ((2, 3, n, 66), (2, 3, n, 66)), torch.int8)
+    path.write_bytes(b"junk")
+    assert read_block_tokens(path) is None
 
 
 def test_missing_file_is_file_not_found(tmp_path):

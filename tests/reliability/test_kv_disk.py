@@ -54,8 +54,8 @@ def _env(folder: Path, **extra: str) -> dict[str, str]:
 
 def _complete(
     http: httpx.Client, prompt: str, *, salt: str | None = None, key: str | None = None
-) -> tuple[str, int]:
-    """(text, cached tokens) of a greedy completion; fails on anything but a valid 200."""
+) -> tuple[str, int, int]:
+    """(text, cached tokens, prompt tokens) of a greedy completion; fails on anything but a valid 200."""
     body: dict[str, Any] = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
     if salt:
         body["cache_salt"] = salt
@@ -63,11 +63,12 @@ def _complete(
     reply = http.post("/v1/completions", json=body, headers=headers)
     assert reply.status_code == 200, (reply.status_code, reply.text)
     text = support.check_completion(reply.json(), MAX_TOKENS)
-    return text, reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    usage = reply.json()["usage"]
+    return text, usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]
 
 
 def _cold(http: httpx.Client, prompt: str, key: str | None = None) -> str:
-    text, cached = _complete(http, prompt, salt=f"cold-{uuid.uuid4().hex}", key=key)
+    text, cached, _ = _complete(http, prompt, salt=f"cold-{uuid.uuid4().hex}", key=key)
     assert cached == 0
     return text
 
@@ -124,7 +125,7 @@ def test_sigkill_during_a_burst_of_disk_writes_never_serves_a_torn_block(tmp_pat
         assert not [p for p in folder.rglob(f"{TEMP_PREFIX}*")]  # the killed writer's leftovers are gone
         hits = 0
         for prompt in prompts:
-            text, cached = _complete(http, prompt)
+            text, cached, _ = _complete(http, prompt)
             assert text == _cold(http, prompt), prompt[:20]
             hits += cached >= 64
         disk = _disk(http)
@@ -194,7 +195,7 @@ def test_damaged_and_foreign_blocks_are_misses_with_a_log_line_never_errors(
             _damage(victims, how, foreign)
         _forget_ram(http)
         for how, prompt in prompts.items():
-            text, cached = _complete(http, prompt, key=ALICE)
+            text, cached, _ = _complete(http, prompt, key=ALICE)
             assert text == expected[how], how
             assert cached < 192, how  # the damaged block and the ones after it were not used
         assert _disk(http, ALICE)["rejected"] - rejected_before == len(cases)
@@ -211,7 +212,7 @@ def _files_of(http: httpx.Client, folder: Path, prompt: str) -> list[Path]:
     time.sleep(0.01)
     _complete(http, prompt, key=ALICE)  # a disk hit: every block it reads is touched
     touched = [p for p in _block_files(folder) if p.stat().st_mtime_ns != stamps.get(p)]
-    assert len(touched) == 3, touched
+    assert len(touched) == 4, touched  # three whole blocks and the partial one after them
     return sorted(touched, key=lambda p: -p.stat().st_mtime_ns)  # block 0 first (deeper blocks are older)
 
 
@@ -238,12 +239,12 @@ def test_tenants_never_read_each_others_blocks_from_disk(keyed_server):
         _complete(http, prompt, key=ALICE)
         assert wait_until(lambda: _settled(http, ALICE), timeout=60)
         _forget_ram(http)
-        text_b, cached_b = _complete(http, prompt, key=BOB)
+        text_b, cached_b, n = _complete(http, prompt, key=BOB)
         assert cached_b == 0 and text_b == expected  # bob computes it himself
         hits_before = _disk(http, ALICE)["hit_tokens"]
-        text_a, cached_a = _complete(http, prompt, key=ALICE)
-        assert cached_a == 192 and text_a == expected  # alice's blocks were there all along
-        assert _disk(http, ALICE)["hit_tokens"] - hits_before == 192
+        text_a, cached_a, _ = _complete(http, prompt, key=ALICE)
+        assert cached_a == n - 1 and text_a == expected  # alice's blocks were there all along
+        assert _disk(http, ALICE)["hit_tokens"] - hits_before == n - 1
 
 
 @pytest.mark.slow
@@ -263,7 +264,8 @@ def test_warming_through_the_api_writes_blocks_a_restart_reads(keyed_server):
         assert reply.status_code == 200, reply.text
         assert reply.json()["disk_written"] is True and reply.json()["prompt_tokens"] > 192
         _forget_ram(http)
-        assert _complete(http, prompt, key=ALICE)[1] == 192
+        _, cached, n = _complete(http, prompt, key=ALICE)
+        assert cached == n - 1
 
 
 def test_a_full_disk_is_a_log_line_never_an_error(serve, loaded_model, small_tmpfs, caplog):
@@ -277,7 +279,7 @@ def test_a_full_disk_is_a_log_line_never_an_error(serve, loaded_model, small_tmp
         ):
             for n in range(2):
                 prompt = _prompt(400 + n)
-                text, _ = _complete(http, prompt)
+                text, _, _ = _complete(http, prompt)
                 assert text == _cold(http, prompt)
             assert wait_until(lambda: _settled(http), timeout=60)
             disk = _disk(http)
@@ -316,7 +318,7 @@ def test_two_servers_sharing_a_folder_under_concurrent_load(tmp_path):
         def worker(part: list[tuple[int, str]]) -> None:
             mine = [httpx.Client(base_url=s.url, timeout=120) for s in servers]
             for which, prompt in part:
-                text, _ = _complete(mine[which], prompt)
+                text, _, _ = _complete(mine[which], prompt)
                 outcomes.append((prompt, text, expected[prompt]))
             for http in mine:
                 http.close()
@@ -334,8 +336,8 @@ def test_two_servers_sharing_a_folder_under_concurrent_load(tmp_path):
         reference = _cold(clients[1], fresh)
         _complete(clients[0], fresh)
         assert wait_until(lambda: _settled(clients[0]), timeout=60)
-        text, cached = _complete(clients[1], fresh)
-        assert cached == 192 and text == reference
+        text, cached, n = _complete(clients[1], fresh)
+        assert cached == n - 1 and text == reference
         for http in clients:
             assert _disk(http)["rejected"] == 0
             http.close()

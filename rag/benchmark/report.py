@@ -433,7 +433,7 @@ def _kv_section(res: dict[str, Any]) -> str:
         "a restarted engine (a fresh Engine: empty RAM cache, a new disk tier scanning the folder) whose block "
         "files were dropped from the page cache first (`posix_fadvise(DONTNEED)` on each file); "
         '"first request" is the restarted engine\'s very first request (its KV buffer is new memory), '
-        '"warm process" the same after one other request.",
+        '"warm process" the same after one other request.',
         "",
         "| kv_dtype | prompt | cold | RAM-warm | disk, first request | disk, warm process | disk / RAM-warm "
         "| cold / disk | disk read | per block |",

@@ -105,9 +105,9 @@ class DiskTier:
 
     # ---- read -----------------------------------------------------------------------------------
     def extend(self, buffer: KVBuffer, tokens: Sequence[int], namespace: str, limit: int) -> int:
-        """Append to ``buffer`` (which holds ``tokens[:buffer.length]``) the KV of the following whole
-        blocks found on disk, up to ``limit`` tokens in all; returns the tokens added (0 on any failure:
-        the tier is an optimisation, the caller computes what it does not add)."""
+        """Append to ``buffer`` (which holds ``tokens[:buffer.length]``) the KV of the tokens after it that
+        the disk holds (whole 64-token blocks, then a partial one), up to ``limit`` tokens in all; returns
+        the tokens added (0 on any failure: the tier is an optimisation, the caller computes the rest)."""
         try:
             return self._extend(buffer, tokens, namespace, limit)
         except Exception as exc:
@@ -277,18 +277,12 @@ class DiskTier:
         for j in missing:
             if (j + 1) * b > length:
                 return  # the RAM cache no longer (or never) held the rest
-            if not self._write_block(
-                chain[j * b : (j + 1) * b],
-                keys[j],
-                self._meta(keys, namespace, j * b, keys[j], tokens[j * b : (j + 1) * b]),
-                keys,
-                j,
-                now,
-            ):
+            meta = self._meta(keys, namespace, j * b, keys[j], tokens[j * b : (j + 1) * b])
+            if not self._write_block(chain[j * b : (j + 1) * b], meta, keys, j, now):
                 return
         if tail_key is not None and length > whole:
             meta = self._meta(keys, namespace, whole, tail_key, tokens[whole:length])
-            self._write_block(chain[whole:length], tail_key, meta, keys, len(keys), now)
+            self._write_block(chain[whole:length], meta, keys, len(keys), now)
 
     def _tail_covers(self, key: str, tail: list[int], depth: int, now: int) -> bool:
         """Whether the partial block stored under ``key`` already holds ``tail`` (or more of it)."""
@@ -297,24 +291,25 @@ class DiskTier:
             return False
         return self.folder.touch(key, depth, now)
 
-    def _write_block(
-        self, part: KVSegment, key: str, meta: BlockMeta, chain: list[str], depth: int, now: int
-    ) -> bool:
+    def _write_block(self, part: KVSegment, meta: BlockMeta, chain: list[str], depth: int, now: int) -> bool:
+        """Write one block (whole or partial) unless the budget or the disk refuses; False then."""
         clock, cpu = time.perf_counter(), time.thread_time()
         stored = part.stored_parts()
         k = stored[0][0] if len(stored) == 1 else torch.cat([k for k, _ in stored], 2)
         v = stored[0][1] if len(stored) == 1 else torch.cat([v for _, v in stored], 2)
+        key = meta.key
         if not self.folder.reserve(k.nbytes + v.nbytes + _HEADER_ALLOWANCE, keep={*chain, key}):
             self._add(write_dropped=1)
             return False
         path = self.folder.path(key)
+        replaced = self.folder.size_of(key)  # a partial block is rewritten longer
         try:
             size = write_block_file(path, meta, k, v)
         except OSError as exc:  # a full or read-only disk: skip, keep serving
             log.warning("disk KV tier: cannot write %s (%s)", path, exc)
             self._add(write_errors=1)
             return False
-        self.folder.added(size)
+        self.folder.added(size - replaced)
         self.folder.touch(key, depth, now)
         elapsed, cpu = time.perf_counter() - clock, time.thread_time() - cpu
         self._add(written_blocks=1, written_bytes=size, write_s=elapsed, write_cpu_s=cpu)

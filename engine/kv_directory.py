@@ -55,6 +55,13 @@ class BlockDirectory:
     def exists(self, key: str) -> bool:
         return os.path.exists(self.path(key))
 
+    def size_of(self, key: str) -> int:
+        """A block file's size in bytes (0 if there is none)."""
+        try:
+            return self.path(key).stat().st_size
+        except FileNotFoundError:
+            return 0
+
     @property
     def used_bytes(self) -> int:
         """Bytes of block files, as of the last scan plus this process's writes and deletions since."""
@@ -78,7 +85,7 @@ class BlockDirectory:
                 self._used -= size
 
     def added(self, nbytes: int) -> None:
-        """Count a block file this process just wrote."""
+        """Count the bytes a block file this process just wrote added (its size less any it replaced)."""
         with self._lock:
             self._used += nbytes
 

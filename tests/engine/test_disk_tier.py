@@ -59,6 +59,7 @@ def test_a_restarted_engine_reads_the_disk_tier_and_promotes_it_to_ram(
     written = _write(loaded_model, tmp_path, prompt)
     # 200 tokens: 3 whole blocks and the 8 after them; the answer's insert rewrote that partial block longer
     assert written["written_blocks"] == 5 and len(_files(tmp_path)) == 4
+    assert written["used_bytes"] == sum(p.stat().st_size for p in _files(tmp_path))  # the rewrite counted once
     expected = reference.generate(prompt, GREEDY).token_ids
     eng = _engine(loaded_model, tmp_path)  # a restart: empty RAM cache, same folder
     try:

@@ -27,6 +27,7 @@ import contextlib
 import itertools
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -49,6 +50,7 @@ from prefix_cache.keys import common_prefix_len
 log = logging.getLogger(__name__)
 
 _HEADER_ALLOWANCE = 4096  # room reserved for a block file's header besides its tensors
+_WRITER_NICE = 19  # the writer (and the writeback its fsync does) yields the CPU to the model's threads
 _COUNTERS = (
     "lookups",  # requests that asked the disk for blocks after their RAM match
     "hit_requests",
@@ -248,6 +250,8 @@ class DiskTier:
         return True
 
     def _write_loop(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):  # Linux: a thread's own priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _WRITER_NICE)
         while True:
             item = self._queue.get()
             try:

@@ -70,7 +70,7 @@ class BenchConfig(BaseModel):
     kv_fidelity_prompts: int = Field(default=6, ge=1, le=11)
     kv_fidelity_tokens: int = Field(default=16, ge=1)
     kv_break_even_lengths: tuple[int, ...] = (64, 256, 1024)
-    kv_zero_hit_requests: int = Field(default=4, ge=2)
+    kv_zero_hit_requests: int = Field(default=6, ge=2)
     radix_section: bool = True
     radix_requests: int = Field(default=2000, ge=10)
     radix_levels: tuple[int, ...] = (10_000, 100_000)
@@ -114,7 +114,7 @@ class BenchConfig(BaseModel):
             "kv_fidelity_prompts": 2,
             "kv_fidelity_tokens": 8,
             "kv_break_even_lengths": (64, 512),
-            "kv_zero_hit_requests": 2,
+            "kv_zero_hit_requests": 4,
             "steady_factor": 0,
             "quick": True,
         }

@@ -4,6 +4,7 @@ the byte budget, a full disk, tenant isolation, several engines on one folder, a
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 from engine import Engine, EngineConfig, SamplingParams
 from engine.kv import BLOCK_TOKENS
 from engine.kv_blockfile import read_block_file
+from tests.api.helpers import wait_until
 
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
 TEXT = "Disk blocks survive a restart and are shared by replicas of one model. " * 16
@@ -59,7 +61,9 @@ def test_a_restarted_engine_reads_the_disk_tier_and_promotes_it_to_ram(
     written = _write(loaded_model, tmp_path, prompt)
     # 200 tokens: 3 whole blocks and the 8 after them; the answer's insert rewrote that partial block longer
     assert written["written_blocks"] == 5 and len(_files(tmp_path)) == 4
-    assert written["used_bytes"] == sum(p.stat().st_size for p in _files(tmp_path))  # the rewrite counted once
+    assert written["used_bytes"] == sum(
+        p.stat().st_size for p in _files(tmp_path)
+    )  # the rewrite counted once
     expected = reference.generate(prompt, GREEDY).token_ids
     eng = _engine(loaded_model, tmp_path)  # a restart: empty RAM cache, same folder
     try:
@@ -95,6 +99,16 @@ def test_logits_from_disk_equal_computed_logits(loaded_model, prompt, tmp_path, 
         assert (
             11 * per_token < sizes[0] < 11 * per_token + 4096
         )  # the partial block: 8 prompt + 3 answer tokens
+    finally:
+        eng.close()
+
+
+def test_the_writer_yields_the_cpu_to_the_model(loaded_model, tmp_path):
+    eng = _engine(loaded_model, tmp_path)
+    try:
+        assert eng.disk is not None and wait_until(lambda: eng.disk._writer.native_id is not None)
+        assert wait_until(lambda: os.getpriority(os.PRIO_PROCESS, eng.disk._writer.native_id) == 19)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0  # only the writer
     finally:
         eng.close()
 

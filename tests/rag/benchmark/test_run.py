@@ -42,6 +42,7 @@ TINY = BenchConfig.quick_run(
     kv_fidelity_prompts=1,
     kv_fidelity_tokens=3,
     kv_break_even_lengths=(64, 128),
+    kv_zero_hit_requests=2,
 )
 
 

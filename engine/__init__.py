@@ -4,7 +4,7 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.kv import KVBuffer, KVSegment
 from engine.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer
-from engine.paths import prefixrag_home
+from engine.paths import kv_cache_dir, prefixrag_home
 from engine.remote import RemoteEngine
 from engine.request import EngineError, GenerationResult, QueueFullError, RequestStream, StreamEvent
 from engine.sampling import SamplingParams
@@ -23,6 +23,7 @@ __all__ = [
     "RequestStream",
     "SamplingParams",
     "StreamEvent",
+    "kv_cache_dir",
     "load_model",
     "load_tokenizer",
     "prefixrag_home",

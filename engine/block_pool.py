@@ -24,7 +24,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -49,11 +51,19 @@ class Slot:
 class _Slab:
     __slots__ = ("free", "keys", "pool", "size", "values")
 
-    def __init__(self, pool: KVBlockPool, size: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def __init__(
+        self,
+        pool: KVBlockPool,
+        size: int,
+        k_shape: tuple[int, ...],
+        v_shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.pool = pool
         self.size = size
-        self.keys = keys.new_empty(size, *keys.shape)
-        self.values = values.new_empty(size, *values.shape)
+        self.keys = torch.empty(size, *k_shape, dtype=dtype, device=device)
+        self.values = torch.empty(size, *v_shape, dtype=dtype, device=device)
         self.free = list(range(size - 1, -1, -1))  # pop() hands out index 0 first
 
     @property
@@ -79,9 +89,17 @@ class KVBlockPool:
     def take(self, keys: torch.Tensor, values: torch.Tensor) -> Slot | None:
         """An unused slot shaped like ``keys``/``values`` (its contents are stale: copy into it), or
         None if they are not a whole block of this pool's kind."""
-        if keys.dim() != 4 or keys.shape[2] != self.block_tokens or values.shape[2] != self.block_tokens:
+        if keys.dtype != values.dtype:
             return None
-        kind = (tuple(keys.shape), tuple(values.shape), keys.dtype, values.dtype, keys.device)
+        return self.take_shaped(keys.shape, values.shape, keys.dtype, keys.device)
+
+    def take_shaped(
+        self, k_shape: Sequence[int], v_shape: Sequence[int], dtype: torch.dtype, device: Any
+    ) -> Slot | None:
+        """``take`` by shape and dtype (a block encoded into the slot need not exist as a tensor yet)."""
+        if len(k_shape) != 4 or k_shape[2] != self.block_tokens or v_shape[2] != self.block_tokens:
+            return None
+        kind = (tuple(k_shape), tuple(v_shape), dtype, torch.device(device))
         with self._lock:
             if self._kind is None:
                 self._kind = kind
@@ -89,8 +107,10 @@ class KVBlockPool:
                 return None
             slab = next((s for s in self._slabs if s.free), None)
             if slab is None:
-                block_bytes = keys.numel() * keys.element_size() + values.numel() * values.element_size()
-                slab = _Slab(self, max(1, self.slab_bytes // block_bytes), keys, values)
+                size = torch.empty(0, dtype=dtype).element_size()
+                block_bytes = (math.prod(k_shape) + math.prod(v_shape)) * size
+                count = max(1, self.slab_bytes // block_bytes)
+                slab = _Slab(self, count, tuple(k_shape), tuple(v_shape), dtype, torch.device(device))
                 self._slabs.append(slab)
             index = slab.free.pop()
             self._used += 1

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.kv_codec import KVDType
 from engine.models import DEFAULT_MODEL
 from prefix_cache import CacheConfig
 from prefix_cache.eviction import DEFAULT_ATTENTION_WINDOW
@@ -79,6 +81,24 @@ class EngineConfig(BaseModel):
     aging_rate: float = Field(default=2000.0, ge=0, description="tokens of priority gained per second waited")
     num_threads: int | None = Field(
         default=None, ge=1, description="torch intra-op threads (default: all cores)"
+    )
+    kv_dtype: KVDType = Field(
+        default="float32",
+        description="how the prefix cache (RAM and disk) stores K/V: 'float32' (the model's own "
+        "precision, no rounding), 'bfloat16' or 'float16' (half the bytes), 'int8' (a quarter, with a "
+        "scale per token and head). The model rounds every K/V it computes to this format before "
+        "attention, so cached output equals uncached output for each choice; the fidelity of each "
+        "to float32 KV is measured in the benchmark",
+    )
+    disk_cache_dir: Path | None = Field(
+        default=None,
+        description="directory of the disk KV tier under the RAM cache (None: off). Survives restarts "
+        "and may be shared by several engines of the same model (replicas)",
+    )
+    disk_cache_bytes: int = Field(
+        default=8 << 30,
+        ge=0,
+        description="byte budget of the disk tier (least recently used blocks go first); 0 disables it",
     )
 
     def cache_config(self) -> CacheConfig:

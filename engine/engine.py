@@ -23,9 +23,11 @@ from engine.block_pool import KVBlockPool
 from engine.buffer_pool import BufferPool
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
+from engine.disk_tier import open_disk_tier
 from engine.encoding import PromptInput, encode_prompt
 from engine.fused import FusedLlamaRunner, fused_unsupported_reason
 from engine.kv import BLOCK_TOKENS, KVBuffer
+from engine.kv_codec import KVCodec, KVGeometry, compute_dtype, make_codec
 from engine.memory import trim_heap
 from engine.models import DEFAULT_MODEL, load_model
 from engine.request import (
@@ -40,6 +42,7 @@ from engine.request import (
 from engine.runner import ModelRunner, prefix_reuse_blocker
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler
+from engine.warm import WarmResult, warm_prompts
 from prefix_cache import RadixCache
 
 log = logging.getLogger(__name__)
@@ -67,7 +70,9 @@ class Engine:
             torch.set_num_threads(self.config.num_threads)
         self.model_id = model_id
         self.tokenizer = tokenizer
-        self.runner = _make_runner(model, self.config)
+        self.kv_codec = make_codec(self.config.kv_dtype, compute_dtype(model))
+        self.kv_geometry = KVGeometry.from_config(model.config)
+        self.runner = _make_runner(model, self.config, self.kv_codec)
         self.caching = self.config.enable_prefix_cache and self.config.cache_bytes > 0
         blocker = prefix_reuse_blocker(model.config)
         if self.caching and blocker:
@@ -79,6 +84,7 @@ class Engine:
         slab = self.config.kv_slab_bytes
         self.kv_blocks = KVBlockPool(BLOCK_TOKENS, slab) if slab else None
         self.scheduler = Scheduler(self._probe, self.config.max_waiting, self.config.aging_rate)
+        self.disk = open_disk_tier(self, model) if self.caching else None
         self._running: list[Request] = []
         self._wakeup = threading.Condition()
         self._stopping = False
@@ -197,6 +203,13 @@ class Engine:
             self._wakeup.notify()
         return request
 
+    def warm(self, prompts: Sequence[PromptInput], *, namespace: str = "", progress: Any = None) -> WarmResult:
+        """Prefill ``prompts`` (system prompts, FAQ prompts...) into the prefix cache and, when there is
+        one, the disk tier, waiting until their blocks are written; ``progress(done, total)`` after each."""
+        if not self.caching:
+            raise ValueError("warm needs the prefix cache: this engine has caching off")
+        return warm_prompts(self, prompts, namespace=namespace, progress=progress)
+
     def cache_stats(self, namespace: str | None = None) -> Any:
         """The prefix cache's CacheStats, for one tenant namespace or (None) all of them."""
         return self.cache.stats(None if namespace is None else self._namespace(namespace))
@@ -230,6 +243,11 @@ class Engine:
             "buffer_pool_bytes": self.buffers.nbytes,
             "kv_slabs": self.kv_blocks.stats() if self.kv_blocks is not None else None,
             "cache": cache.to_dict() if hasattr(cache, "to_dict") else vars(cache),
+            "kv": {
+                "kv_dtype": self.config.kv_dtype,
+                "bytes_per_token": self.kv_codec.bytes_per_token(self.kv_geometry),
+            },
+            "disk": self.disk.stats() if self.disk is not None else None,
         }
 
     def reset_cache(self) -> None:
@@ -245,6 +263,8 @@ class Engine:
         for req in self.scheduler.drain():
             self._fail(req, EngineError("engine closed"))
         self.buffers.clear()
+        if self.disk is not None:
+            self.disk.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -301,7 +321,10 @@ class Engine:
         req.buffer = self.buffers.take(self.runner.new_buffer, len(ids) + min(req.max_new_tokens, 512))
         req.cached_tokens = req.buffer.load_prefix(match.values)
         clock = req.phase("load", clock)
-        suffix = ids[match.length :]
+        if self.disk is not None:  # the disk tier extends the RAM match by whole blocks, same cap
+            req.cached_tokens += self.disk.extend(req.buffer, ids, req.namespace, limit=len(ids) - 1)
+            clock = req.phase("disk", clock)
+        suffix = ids[req.cached_tokens :]
         step = self.config.prefill_chunk_tokens
         for start in range(0, len(suffix), step):  # chunks: a cancelled request stops between them
             if req.cancelled.is_set():
@@ -326,12 +349,15 @@ class Engine:
             return
         clock = time.perf_counter()
         kv = req.buffer.segment(0, length, self.kv_blocks)
-        self.cache.insert(req.all_ids[:length], kv, namespace=req.namespace)
+        tokens = req.all_ids[:length]
+        self.cache.insert(tokens, kv, namespace=req.namespace)
+        if self.disk is not None:
+            self.disk.persist(req.namespace, tokens)  # write-behind: the writer thread does the IO
         public = min(length, req.public_tokens)
         if public:  # only what was vouched public reaches the shared namespace
-            self.cache.insert(
-                req.all_ids[:public], req.buffer.segment(0, public, self.kv_blocks), self._public
-            )
+            self.cache.insert(tokens[:public], req.buffer.segment(0, public, self.kv_blocks), self._public)
+            if self.disk is not None:
+                self.disk.persist(self._public, tokens[:public])
         req.phases["insert"] = req.phases.get("insert", 0.0) + time.perf_counter() - clock
 
     def _match(self, req: Request) -> Any:
@@ -521,17 +547,17 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _make_runner(model: Any, config: EngineConfig) -> ModelRunner | FusedLlamaRunner:
+def _make_runner(model: Any, config: EngineConfig, codec: KVCodec) -> ModelRunner | FusedLlamaRunner:
     """'auto' picks the fused runner when the architecture allows it, else transformers' forward."""
     if config.runner == "hf":
-        return ModelRunner(model)
+        return ModelRunner(model, kv_codec=codec)
     reason = fused_unsupported_reason(model)
     if reason is None:
-        return FusedLlamaRunner(model, batch_invariant=config.batch_invariant)
+        return FusedLlamaRunner(model, batch_invariant=config.batch_invariant, kv_codec=codec)
     if config.runner == "fast":
         raise ValueError(f"runner='fast' cannot run this model: {reason}")
     log.info("using the transformers runner: %s", reason)
-    return ModelRunner(model)
+    return ModelRunner(model, kv_codec=codec)
 
 
 __all__ = ["Engine", "KVBuffer"]

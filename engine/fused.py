@@ -29,6 +29,7 @@ from engine.prefill_shapes import (
     prefill_rows,
     query_rows,
 )
+from engine.kv_codec import KVCodec
 from engine.runner import prefix_reuse_blocker
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
@@ -130,7 +131,7 @@ class FusedLlamaRunner:
         >>> rows = runner.decode_batch([t1, t2], [buf1, buf2])
     """
 
-    def __init__(self, model: Any, *, batch_invariant: bool = False) -> None:
+    def __init__(self, model: Any, *, batch_invariant: bool = False, kv_codec: KVCodec | None = None) -> None:
         reason = fused_unsupported_reason(model)
         if reason:
             raise ValueError(f"FusedLlamaRunner cannot run this model: {reason}")
@@ -163,6 +164,9 @@ class FusedLlamaRunner:
             if batch_invariant
             else 1
         )
+        # K/V are rounded through the cache's storage format before attention, on every path
+        self.kv_codec = kv_codec
+        self._kv_round = kv_codec.round if kv_codec is not None and not kv_codec.identity else None
 
     @staticmethod
     def _fuse(layer: Any) -> _Layer:
@@ -183,7 +187,8 @@ class FusedLlamaRunner:
         )
 
     def new_buffer(self, capacity: int) -> KVBuffer:
-        return KVBuffer(self.num_layers, aligned_keys(capacity))  # room for a prefill's key padding
+        # room for a prefill's key padding
+        return KVBuffer(self.num_layers, aligned_keys(capacity), self.kv_codec)
 
     # ---- building blocks --------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -316,6 +321,8 @@ class FusedLlamaRunner:
         k_store, v_store = buffer.stores()
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
+            if self._kv_round is not None:
+                k, v = self._kv_round(k[:s]), self._kv_round(v[:s])
             k_store[i, 0, :, past : past + s] = k[:s].transpose(0, 1)
             v_store[i, 0, :, past : past + s] = v[:s].transpose(0, 1)
             attn = self._attend_spans(
@@ -359,6 +366,8 @@ class FusedLlamaRunner:
         stores = [b.stores() for b in buffers]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)  # [B', H, D], [B', KVH, D]
+            if self._kv_round is not None:
+                k, v = self._kv_round(k), self._kv_round(v)
             outs = []
             for j, (k_store, v_store) in enumerate(stores):
                 p, end = pasts[j], ends[j]

@@ -5,6 +5,10 @@ Two conversions matter and both are one copy per segment for all layers at once:
   the forward pass's buffer ──KVBuffer.segment(start, end)──► a KVSegment *view* the cache copies from
 No ``torch.cat`` per layer and no regrowth per decode step (transformers' DynamicCache concatenates the
 whole history on every step, which costs O(context) per token).
+
+The buffer holds KV in the compute dtype (``raw``); the cache's blocks hold it in the engine's storage
+format (``stored``, engine.kv_codec). Loading decodes, copying into the cache encodes, and the model
+rounds every K/V it writes through the format, so both directions are exact.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from engine.block_pool import KVBlockPool, Slot
 from engine.prefill_shapes import round_up
+from engine.kv_codec import KVCodec, identity_codec
 
 BLOCK_TOKENS = 64  # granularity of cache-owned KV: a radix split copies at most one block
 
@@ -24,17 +29,24 @@ BLOCK_TOKENS = 64  # granularity of cache-owned KV: a radix split copies at most
 class _Block:
     """Keys/values for a run of tokens. ``owned``: an immutable tensor the cache may share on a split.
     ``slot``: the pool slot the tensors live in (views of a pooled block hold it too, so the slot is
-    not reused while any of them lives)."""
+    not reused while any of them lives). ``stored``: the tensors are in the codec's stored form (else
+    raw: views of a request's buffer)."""
 
-    __slots__ = ("keys", "owned", "slot", "values")
+    __slots__ = ("keys", "owned", "slot", "stored", "values")
 
     def __init__(
-        self, keys: torch.Tensor, values: torch.Tensor, owned: bool, slot: Slot | None = None
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        owned: bool,
+        slot: Slot | None = None,
+        stored: bool = False,
     ) -> None:
         self.keys = keys
         self.values = values
         self.owned = owned
         self.slot = slot
+        self.stored = stored
 
     def __len__(self) -> int:
         return int(self.keys.shape[2])
@@ -47,8 +59,14 @@ class KVSegment:
     head_dim_v]``. A segment is a list of blocks: slicing returns views, and ``copy()`` (what the
     radix cache calls on everything it keeps) copies view data into compact blocks of up to
     ``BLOCK_TOKENS`` tokens but *shares* blocks that are already cache-owned and whole. So a radix
-    split copies at most one block, never the whole node; no byte is ever held by two live nodes, because a split replaces the node it splits. With a ``pool`` (the
-    engine's `KVBlockPool`), whole blocks are copied into pooled slots instead of fresh allocations.
+    split copies at most one block, never the whole node; no byte is ever held by two live nodes,
+    because a split replaces the node it splits. With a ``pool`` (the engine's `KVBlockPool`), whole
+    blocks are copied into pooled slots instead of fresh allocations.
+
+    ``codec`` is the storage format (engine.kv_codec; default: the tensors' own dtype): ``copy()``
+    encodes raw views into it, ``nbytes`` counts stored bytes, and ``keys``/``values``/``parts()``/
+    ``decoded()`` give raw (compute-dtype) tensors whatever the format; ``stored_parts()`` gives the
+    stored ones.
 
     Example:
         >>> seg = KVSegment(torch.zeros(30, 3, 10, 64), torch.zeros(30, 3, 10, 64))
@@ -56,21 +74,36 @@ class KVSegment:
         (10, 3, 138240)
     """
 
-    __slots__ = ("blocks", "pool")
+    __slots__ = ("blocks", "codec", "pool")
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, pool: KVBlockPool | None = None) -> None:
-        if keys.dim() != 4 or values.dim() != 4 or keys.shape[2] != values.shape[2]:
-            raise ValueError(
-                f"KVSegment needs [layers, heads, tokens, dim] tensors, got {keys.shape} / {values.shape}"
-            )
+    def __init__(
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        pool: KVBlockPool | None = None,
+        codec: KVCodec | None = None,
+    ) -> None:
+        _check_shapes(keys, values)
         self.blocks = [_Block(keys, values, owned=False)]
         self.pool = pool
+        self.codec = codec or identity_codec(keys.dtype)
 
     @classmethod
-    def _of(cls, blocks: list[_Block], pool: KVBlockPool | None) -> KVSegment:
+    def from_stored(
+        cls, keys: torch.Tensor, values: torch.Tensor, codec: KVCodec, pool: KVBlockPool | None = None
+    ) -> KVSegment:
+        """A segment over tensors already in ``codec``'s stored form (e.g. read from disk)."""
+        _check_shapes(keys, values)
+        if keys.dtype != codec.stored_dtype or values.dtype != codec.stored_dtype:
+            raise ValueError(f"stored {codec.name} KV must be {codec.stored_dtype}, got {keys.dtype}")
+        return cls._of([_Block(keys, values, owned=False, stored=True)], pool, codec)
+
+    @classmethod
+    def _of(cls, blocks: list[_Block], pool: KVBlockPool | None, codec: KVCodec) -> KVSegment:
         seg = cls.__new__(cls)
         seg.blocks = blocks
         seg.pool = pool
+        seg.codec = codec
         return seg
 
     def __len__(self) -> int:
@@ -90,34 +123,61 @@ class KVSegment:
                     out.append(block)  # whole block: keeps its ownership
                 else:
                     keys, values = block.keys[:, :, lo:hi], block.values[:, :, lo:hi]
-                    out.append(_Block(keys, values, owned=False, slot=block.slot))
+                    out.append(_Block(keys, values, owned=False, slot=block.slot, stored=block.stored))
             pos += n
             if pos >= stop:
                 break
-        return KVSegment._of(out, self.pool)
+        return KVSegment._of(out, self.pool, self.codec)
 
     @property
     def nbytes(self) -> int:
-        return sum(
-            b.keys.numel() * b.keys.element_size() + b.values.numel() * b.values.element_size()
-            for b in self.blocks
-        )
+        """Bytes the segment takes in the cache (its stored form, also for raw views)."""
+        return sum(self._block_nbytes(b) for b in self.blocks)
+
+    def _block_nbytes(self, block: _Block) -> int:
+        if block.stored or self.codec.identity:
+            return _nbytes(block.keys) + _nbytes(block.values)
+        size = torch.empty(0, dtype=self.codec.stored_dtype).element_size()
+        k, v = block.keys.shape, block.values.shape
+        per_token = k[0] * k[1] * self.codec.stored_dim(k[3]) + v[0] * v[1] * self.codec.stored_dim(v[3])
+        return per_token * k[2] * size
 
     @property
     def keys(self) -> torch.Tensor:
-        """All keys as one tensor (for inspection and tests)."""
-        return self._whole([b.keys for b in self.blocks])
+        """All keys as one raw tensor (for inspection and tests)."""
+        return self.decoded()[0]
 
     @property
     def values(self) -> torch.Tensor:
-        return self._whole([b.values for b in self.blocks])
+        return self.decoded()[1]
 
-    def _whole(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        """A copy, unless the segment is one unpooled block (a pooled slot is reused once its blocks go)."""
-        return parts[0] if len(parts) == 1 and self.blocks[0].slot is None else torch.cat(parts, 2)
+    def decoded(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """All keys and values as raw tensors, in ``dtype`` (default: the compute dtype). A copy, unless
+        the segment is one unpooled block already in that form."""
+        parts = self.parts()
+        if len(parts) == 1 and self.blocks[0].slot is None and (dtype is None or parts[0][0].dtype == dtype):
+            return parts[0]
+        keys, values = torch.cat([k for k, _ in parts], 2), torch.cat([v for _, v in parts], 2)
+        return (keys, values) if dtype is None else (keys.to(dtype), values.to(dtype))
+
+    def parts(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The raw (keys, values) tensors of each block, in token order (decoded copies for a codec
+        that is not the identity)."""
+        return [(self._raw(b.keys, b.stored), self._raw(b.values, b.stored)) for b in self.blocks]
+
+    def stored_parts(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The stored-form (keys, values) tensors of each block, in token order."""
+        return [(self._stored(b.keys, b.stored), self._stored(b.values, b.stored)) for b in self.blocks]
+
+    def _raw(self, x: torch.Tensor, stored: bool) -> torch.Tensor:
+        return self.codec.decode(x) if stored and not self.codec.identity else x
+
+    def _stored(self, x: torch.Tensor, stored: bool) -> torch.Tensor:
+        return x if stored or self.codec.identity else self.codec.encode(x)
 
     def copy(self) -> KVSegment:
-        """A segment that owns its memory: views are copied into compact blocks, owned blocks shared."""
+        """A segment that owns its memory, in the stored form: views are copied (raw ones encoded) into
+        compact blocks, owned blocks shared."""
         out: list[_Block] = []
         for block in self.blocks:
             if block.owned:
@@ -125,32 +185,62 @@ class KVSegment:
                 continue
             for a in range(0, len(block), BLOCK_TOKENS):
                 b = min(a + BLOCK_TOKENS, len(block))
-                out.append(self._owned_copy(block.keys[:, :, a:b], block.values[:, :, a:b]))
-        return KVSegment._of(out, self.pool)
+                out.append(self._owned_copy(block.keys[:, :, a:b], block.values[:, :, a:b], block.stored))
+        return KVSegment._of(out, self.pool, self.codec)
 
-    def _owned_copy(self, keys: torch.Tensor, values: torch.Tensor) -> _Block:
-        slot = self.pool.take(keys, values) if self.pool is not None else None
+    def _owned_copy(self, keys: torch.Tensor, values: torch.Tensor, stored: bool) -> _Block:
+        codec = self.codec
+        k_shape: tuple[int, ...]
+        v_shape: tuple[int, ...]
+        if stored or codec.identity:
+            k_shape, v_shape = tuple(keys.shape), tuple(values.shape)
+        else:
+            k_shape = (*keys.shape[:3], codec.stored_dim(keys.shape[3]))
+            v_shape = (*values.shape[:3], codec.stored_dim(values.shape[3]))
+        slot = None
+        if self.pool is not None:
+            slot = self.pool.take_shaped(k_shape, v_shape, codec.stored_dtype, keys.device)
         if slot is None:  # no pool, or a partial block: a compact allocation of its own
-            keys = keys.clone(memory_format=torch.contiguous_format)
-            values = values.clone(memory_format=torch.contiguous_format)
-            return _Block(keys, values, owned=True)
-        slot.keys.copy_(keys)
-        slot.values.copy_(values)
-        return _Block(slot.keys, slot.values, owned=True, slot=slot)
+            k_out = keys.new_empty(k_shape, dtype=codec.stored_dtype)
+            v_out = values.new_empty(v_shape, dtype=codec.stored_dtype)
+        else:
+            k_out, v_out = slot.keys, slot.values
+        if stored or codec.identity:
+            k_out.copy_(keys)
+            v_out.copy_(values)
+        else:
+            codec.encode_into(k_out, keys)
+            codec.encode_into(v_out, values)
+        return _Block(k_out, v_out, owned=True, slot=slot, stored=True)
 
     @staticmethod
     def concat(segments: Sequence[KVSegment]) -> KVSegment:
         if not segments:
             raise ValueError("cannot concatenate zero segments")
+        codec = segments[0].codec
+        if any(s.codec.name != codec.name for s in segments):
+            raise ValueError(
+                f"cannot concatenate segments of different KV formats: {[s.codec.name for s in segments]}"
+            )
         pool = next((s.pool for s in segments if s.pool is not None), None)
-        return KVSegment._of([b for s in segments for b in s.blocks], pool)
-
-    def parts(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The (keys, values) tensors of each block, in token order."""
-        return [(b.keys, b.values) for b in self.blocks]
+        return KVSegment._of([b for s in segments for b in s.blocks], pool, codec)
 
     def __repr__(self) -> str:
-        return f"KVSegment(tokens={len(self)}, blocks={len(self.blocks)}, nbytes={self.nbytes})"
+        return (
+            f"KVSegment(tokens={len(self)}, blocks={len(self.blocks)}, nbytes={self.nbytes}, "
+            f"kv_dtype={self.codec.name})"
+        )
+
+
+def _check_shapes(keys: torch.Tensor, values: torch.Tensor) -> None:
+    if keys.dim() != 4 or values.dim() != 4 or keys.shape[2] != values.shape[2]:
+        raise ValueError(
+            f"KVSegment needs [layers, heads, tokens, dim] tensors, got {keys.shape} / {values.shape}"
+        )
+
+
+def _nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
 
 
 class _BufferLayer(DynamicLayer):
@@ -175,6 +265,8 @@ class _BufferLayer(DynamicLayer):
         shown = owner.shown_keys(end)
         owner._reserve(shown)
         assert owner.k_store is not None and owner.v_store is not None
+        if owner.codec is not None and not owner.codec.identity:  # attention reads what the cache stores
+            key_states, value_states = owner.codec.round(key_states), owner.codec.round(value_states)
         owner.k_store[self.index, :, :, start:end].copy_(key_states)
         owner.v_store[self.index, :, :, start:end].copy_(value_states)
         owner.layer_lengths[self.index] = end
@@ -201,7 +293,8 @@ class KVBuffer(Cache):
     """A transformers ``Cache`` backed by one preallocated tensor for all layers (batch size 1).
 
     ``capacity`` tokens are allocated up front (grown by doubling if exceeded); the forward pass appends
-    in place and attention reads views ``[:, :, :n]``.
+    in place and attention reads views ``[:, :, :n]``. ``codec`` (engine.kv_codec) is the cache's KV
+    storage format: K/V written through ``update`` are rounded through it, and ``segment`` hands it on.
 
     Example:
         >>> buf = KVBuffer(num_layers=30, capacity=2048)
@@ -210,8 +303,9 @@ class KVBuffer(Cache):
         >>> new_part = buf.segment(buf.length - 5, buf.length)  # doctest: +SKIP
     """
 
-    def __init__(self, num_layers: int, capacity: int) -> None:
+    def __init__(self, num_layers: int, capacity: int, codec: KVCodec | None = None) -> None:
         self.num_layers = num_layers
+        self.codec = codec
         self.capacity = max(int(capacity), 1)
         self.layer_lengths = [0] * num_layers
         self.k_store: torch.Tensor | None = None  # [layers, 1, heads, capacity, dim]
@@ -299,23 +393,55 @@ class KVBuffer(Cache):
         """Copy cached segments (in order) into an empty buffer; returns the tokens loaded."""
         if self.length:
             raise ValueError("load_prefix needs an empty buffer")
+        return self.extend(segments)
+
+    @torch.inference_mode()
+    def extend(self, segments: Sequence[KVSegment]) -> int:
+        """Append cached segments (in order) after what the buffer holds, decoding stored blocks straight
+        into the storage; returns the tokens added."""
         total = sum(len(s) for s in segments)
         if total == 0:
             return 0
-        keys0, values0 = segments[0].parts()[0]
-        # [layers, heads, n, dim] -> storage takes [heads, n, dim] per layer with a batch axis of 1
-        self._ensure_storage(keys0[0:1], values0[0:1])
-        self._reserve(total)
-        assert self.k_store is not None and self.v_store is not None
-        pos = 0
+        start = self.length
+        self._ensure_storage_for(segments[0])
+        self._reserve(start + total)
+        pos = start
         for seg in segments:
-            for keys, values in seg.parts():
-                n = keys.shape[2]
-                self.k_store[:, 0, :, pos : pos + n].copy_(keys)  # one copy per block for all layers
-                self.v_store[:, 0, :, pos : pos + n].copy_(values)
-                pos += n
-        self._rebind(total)
+            self._write(pos, seg)
+            pos += len(seg)
+        self._rebind(start + total)
         return total
+
+    @torch.inference_mode()
+    def write_at(self, pos: int, seg: KVSegment) -> None:
+        """Decode ``seg`` into tokens [pos, pos + len(seg)) without changing the length: several threads
+        may fill disjoint ranges (``ensure_storage`` and ``reserve`` first), then ``set_length``."""
+        if self.k_store is None or not 0 <= pos <= pos + len(seg) <= self.capacity:
+            raise ValueError(
+                f"write_at({pos}) of {len(seg)} tokens needs storage for them (capacity {self.capacity})"
+            )
+        self._write(pos, seg)
+
+    def _write(self, pos: int, seg: KVSegment) -> None:
+        assert self.k_store is not None and self.v_store is not None
+        for block in seg.blocks:
+            n = len(block)
+            keys, values = self.k_store[:, 0, :, pos : pos + n], self.v_store[:, 0, :, pos : pos + n]
+            if block.stored and not seg.codec.identity:
+                seg.codec.decode_into(keys, block.keys)  # one op per block for all layers
+                seg.codec.decode_into(values, block.values)
+            else:
+                keys.copy_(block.keys)
+                values.copy_(block.values)
+            pos += n
+
+    def _ensure_storage_for(self, seg: KVSegment) -> None:
+        block = seg.blocks[0]
+        k_dim, v_dim = block.keys.shape[3], block.values.shape[3]
+        if block.stored:
+            k_dim, v_dim = seg.codec.raw_dim(k_dim), seg.codec.raw_dim(v_dim)
+        # [layers, heads, n, dim] -> storage is [layers, 1, heads, capacity, dim]
+        self.ensure_storage(block.keys.shape[1], k_dim, seg.codec.compute_dtype, block.keys.device, v_dim)
 
     def segment(self, start: int, end: int, pool: KVBlockPool | None = None) -> KVSegment:
         """A view of tokens [start, end) for all layers (the cache copies what it keeps, into ``pool``'s
@@ -323,7 +449,8 @@ class KVBuffer(Cache):
         if not 0 <= start <= end <= self.length:
             raise ValueError(f"segment [{start}, {end}) outside the buffer's {self.length} tokens")
         assert self.k_store is not None and self.v_store is not None
-        return KVSegment(self.k_store[:, 0, :, start:end], self.v_store[:, 0, :, start:end], pool)
+        keys, values = self.k_store[:, 0, :, start:end], self.v_store[:, 0, :, start:end]
+        return KVSegment(keys, values, pool, self.codec)
 
     def truncate(self, length: int) -> None:
         """Forget tokens past ``length`` (e.g. a rejected draft); storage is kept."""

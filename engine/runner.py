@@ -10,6 +10,7 @@ import torch
 
 from engine.kv import KVBuffer
 from engine.prefill_shapes import KEY_BLOCK, query_rows
+from engine.kv_codec import KVCodec
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,9 @@ class ModelRunner:
         >>> logits = runner.decode_step(int(logits.argmax()), buf)
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, kv_codec: KVCodec | None = None) -> None:
         self.model = model
+        self.kv_codec = kv_codec  # the buffer rounds every K/V written through it (KVBuffer.update)
         self.config = model.config
         text = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
         self.num_layers = int(text.num_hidden_layers)
@@ -60,7 +62,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
 
     def new_buffer(self, capacity: int) -> KVBuffer:
-        return KVBuffer(self.num_layers, capacity)
+        return KVBuffer(self.num_layers, capacity, self.kv_codec)
 
     @torch.inference_mode()
     def forward(

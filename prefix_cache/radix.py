@@ -138,6 +138,17 @@ class RadixCache:
             _, length, _ = self._walk(tree, toks, page_floor(n, self._page))
             return length
 
+    def peek_values(self, tokens: Tokens, namespace: str = "") -> tuple[int, list[Any]]:
+        """The cached prefix's length and the values along it, without side effects (no stats, split
+        or access refresh). The last value may run past the match: slice the concatenation."""
+        toks = as_token_list(tokens)
+        with self._mutex:
+            tree = self._trees.get(namespace)
+            if tree is None:
+                return 0, []
+            path, length, _ = self._walk(tree, toks, page_floor(len(toks), self._page))
+            return length, [node.value for node in path]
+
     # ---- insert -------------------------------------------------------------------------------------
 
     def insert(self, tokens: Tokens, value: Any, namespace: str = "") -> int:

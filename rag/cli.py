@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -34,6 +35,28 @@ def _index_dir(index: Path | None) -> Path:
     from engine.paths import prefixrag_home
 
     return (index or prefixrag_home() / "indexes" / "default").expanduser()
+
+
+def _read_prompts(path: Path) -> list[Any]:
+    """A ``.json`` file's list of prompts (strings, or lists of ``{"role", "content"}`` messages), or a
+    text file's non-empty lines; ValueError naming what is wrong."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() != ".json":
+        return [line for line in text.splitlines() if line.strip()]
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, list):
+        raise ValueError(f"{path} must hold a JSON list of prompts, got {type(data).__name__}")
+    for i, item in enumerate(data):
+        messages = isinstance(item, list) and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in item
+        )
+        if not (isinstance(item, str) or (messages and item)):
+            raise ValueError(f"{path}: prompt {i} must be a string or a list of {{role, content}} messages")
+    return data
 
 
 @app.callback()
@@ -162,10 +185,68 @@ def serve(
     except ValidationError as exc:
         console.print(f"[red]invalid settings:[/] {exc}")
         raise typer.Exit(2) from exc
+    settings = settings.with_disk_cache_default()
+    disk = settings.engine.disk_cache_dir
     console.print(
-        f"serving [bold]{settings.engine.model}[/] on http://{settings.host}:{settings.port} (index {settings.index_dir})"
+        f"serving [bold]{settings.engine.model}[/] on http://{settings.host}:{settings.port} (index {settings.index_dir}; "
+        f"disk KV tier {disk if disk is not None else 'off'})"
     )
     run_server(settings, log_level=log_level)
+
+
+cache_app = typer.Typer(help="The prefix KV cache: warm it before traffic arrives.", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("warm")
+def cache_warm(
+    prompts: list[str] = typer.Argument(None, help="prompts to prefill (text)"),
+    file: Path = typer.Option(
+        None,
+        "--file",
+        help="more prompts: a .json list (each a string or a list of chat messages), else one per line",
+    ),
+    tenant: str = typer.Option("", "--tenant", help="the tenant whose cache to warm (default: anonymous)"),
+) -> None:
+    """Prefill prompts (system prompts, FAQ prompts) into the disk KV tier that `prefixrag serve` reads
+    (same PREFIXRAG_* settings, $PREFIXRAG_HOME/kv by default)."""
+    from pydantic import ValidationError
+    from rich.progress import Progress
+
+    from engine import Engine
+    from rag.api.settings import Settings
+
+    try:
+        items: list[Any] = list(prompts or []) + (_read_prompts(file) if file is not None else [])
+        settings = Settings().with_disk_cache_default()
+    except (OSError, ValueError, ValidationError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    if not items:
+        console.print("[red]error:[/] no prompts: pass them as arguments or with --file")
+        raise typer.Exit(2)
+    with console.status(f"loading {settings.engine.model}"):
+        engine = Engine.from_config(settings.engine)
+    try:
+        with Progress(console=console) as bar:
+            task = bar.add_task("warming", total=len(items))
+            result = engine.warm(
+                items, namespace=tenant, progress=lambda done, _: bar.update(task, completed=done)
+            )
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    finally:
+        engine.close()
+    disk = engine.stats()["disk"]
+    where = (
+        f"{disk['directory']} ({disk['written_blocks']} blocks written)"
+        if disk
+        else "RAM only (disk tier off)"
+    )
+    console.print(
+        f"warmed {result.prompts} prompts, {result.prompt_tokens} tokens ({result.cached_tokens} already cached) -> {where}"
+    )
 
 
 @app.command("bench-router")
@@ -272,6 +353,9 @@ def bench(
     radix_section: bool = typer.Option(
         True, "--radix-section/--no-radix-section", help="the radix tree's match and insert cost on its own"
     ),
+    kv_section: bool = typer.Option(
+        True, "--kv-section/--no-kv-section", help="KV storage formats and the disk tier"
+    ),
     report_only: bool = typer.Option(
         False, "--report-only", help="redraw plots and report.md from OUT/results.json; measure nothing"
     ),
@@ -293,6 +377,7 @@ def bench(
         samples=samples,
         engine_section=engine_section,
         radix_section=radix_section,
+        kv_section=kv_section,
     )
 
 

@@ -65,6 +65,7 @@ def run_demo(
     console.print(ttft_table(rows))
     stats = pipeline.engine.stats() if hasattr(pipeline.engine, "stats") else {}
     cache = stats.get("cache", {})
+    kv = stats.get("kv") or {}
     cold = next(a.timings.prefill_ms for _, run, a in rows if run == "first")
     warm = [a.timings.prefill_ms for _, run, a in rows if run == "again"]
     console.print(
@@ -72,7 +73,8 @@ def run_demo(
             f"first question cold: [bold]{cold:.0f} ms[/] to first token; repeated questions: "
             f"[bold]{sum(warm) / len(warm):.0f} ms[/] on average ({cold / (sum(warm) / len(warm)):.0f}x faster)\n"
             f"prefix-cache token hit rate {100 * cache.get('hit_rate', 0.0):.0f}%, "
-            f"{cache.get('cached_tokens', 0):,} tokens held in {cache.get('used_bytes', 0) / 2**20:.0f} MiB",
+            f"{cache.get('cached_tokens', 0):,} tokens held in {cache.get('used_bytes', 0) / 2**20:.0f} MiB "
+            f"({kv.get('bytes_per_token', 0):,} bytes per token, {kv.get('kv_dtype', '?')} KV)",
             title="prefix cache",
         )
     )

@@ -1,8 +1,20 @@
-"""Shared fixtures: the real bundled models, loaded once per session."""
+"""Shared fixtures: the real bundled models, loaded once per session; a small tmpfs for full-disk tests.
+
+Servers started by tests (``prefixrag serve`` subprocesses inherit this environment) keep the disk KV
+tier off unless a test turns it on: tests never write into the user's ``$PREFIXRAG_HOME/kv``, and no
+test sees blocks another test (or an earlier run) left there.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+
+os.environ.setdefault("PREFIXRAG_ENGINE__DISK_CACHE_BYTES", "0")
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +31,19 @@ def embedder():
     emb = Embedder()
     emb.warm_up()
     return emb
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs (a disk that fills up: writes fail with ENOSPC); skipped where mounting is not allowed."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)

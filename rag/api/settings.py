@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.config import EngineConfig
+from engine.paths import kv_cache_dir
 from rag.config import RAGConfig
 from rag.ingestion.documents import NAME_PATTERN, check_collection
 
@@ -193,6 +194,15 @@ class Settings(BaseSettings):
             if field in self.rag.model_fields_set:
                 raise ValueError(f"rag.{field} ({variable}) is not used by the server: set {instead} instead")
         return self
+    def with_disk_cache_default(self) -> Settings:
+        """These settings with the disk KV tier in ``$PREFIXRAG_HOME/kv`` unless a folder is set or the
+        tier is off (``PREFIXRAG_ENGINE__DISK_CACHE_BYTES=0``): what `prefixrag serve` runs with."""
+        engine = self.engine
+        if engine.disk_cache_dir is not None or engine.disk_cache_bytes == 0:
+            return self
+        return self.model_copy(
+            update={"engine": engine.model_copy(update={"disk_cache_dir": kv_cache_dir()})}
+        )
 
     @property
     def auth_enabled(self) -> bool:

@@ -67,7 +67,7 @@ def bench_command(
         f"transformers generate on its {vs_hf['requests']}; token hit rate "
         f"{100 * ref['token_hit_rate']:.1f}% ({100 * ref['of_oracle']:.0f}% of the oracle)"
     )
-    for t in results["targets"]:
+    for t in [*results["targets"], *(results.get("kv_section") or {}).get("targets", [])]:
         mark = "[green]met[/]" if t["met"] else "[red]missed[/]"
         console.print(f"  {mark}  {t['target']}")
     console.print(f"report: {out / 'report.md'}")

@@ -69,6 +69,15 @@ class BenchConfig(BaseModel):
     engine_bfloat16: bool = Field(
         default=True, description="also measure bfloat16 against float32, side by side, in the engine section"
     )
+    kv_section: bool = Field(default=True, description="KV storage formats and the disk tier")
+    kv_repeats: int = Field(
+        default=3, ge=1, description="rounds of cold / RAM-warm / disk-after-restart TTFT"
+    )
+    kv_disk_dtypes: tuple[str, ...] = ("float32", "bfloat16", "int8")
+    kv_fidelity_prompts: int = Field(default=6, ge=1, le=11)
+    kv_fidelity_tokens: int = Field(default=16, ge=1)
+    kv_break_even_lengths: tuple[int, ...] = (64, 256, 1024)
+    kv_zero_hit_requests: int = Field(default=6, ge=2)
     radix_section: bool = True
     radix_requests: int = Field(default=2000, ge=10)
     radix_levels: tuple[int, ...] = (10_000, 100_000)
@@ -107,6 +116,12 @@ class BenchConfig(BaseModel):
             "engine_batch_sizes": (1, 4),
             "engine_decode_repeats": 1,
             "radix_requests": 300,
+            "kv_repeats": 1,
+            "kv_disk_dtypes": ("float32", "int8"),
+            "kv_fidelity_prompts": 2,
+            "kv_fidelity_tokens": 8,
+            "kv_break_even_lengths": (64, 512),
+            "kv_zero_hit_requests": 4,
             "steady_factor": 0,
             "quick": True,
         }

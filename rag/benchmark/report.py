@@ -129,6 +129,7 @@ def render_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         _plots(plots),
         _engine_section(results),
         _radix_section(results),
+        _kv_section(results),
         _method(results),
     ]
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"
@@ -437,6 +438,107 @@ def _radix_section(res: dict[str, Any]) -> str:
         f"{worst:.0f} µs, {'met' if worst < 1000 else '**missed**'}.",
     ]
     return "\n".join(rows)
+
+
+def _kv_section(res: dict[str, Any]) -> str:
+    kv = res.get("kv_section")
+    if not kv:
+        return "## KV tiers section (issue 15)\n\nNot run (`--no-kv-section`)."
+    fid, bpt = kv["fidelity"], kv["bytes_per_token"]
+    rows = [
+        "## KV tiers section (issue 15)",
+        "",
+        f"KV storage formats for {kv['model']}: bytes per token, and fidelity "
+        f"against float32 KV over {fid['prompts']} RAG prompts of {kv['prompt_tokens']:,} tokens, "
+        f"teacher-forced on float32 KV's greedy answer for {fid['tokens']} tokens (the greedy answer of a "
+        "format equals float32's exactly when every position's top token agrees). Cached output equals "
+        "uncached output within each format (the exactness tests); this is the cost of choosing the format.",
+        "",
+        "| kv_dtype | bytes/token | mean KL (nats) | max KL | top-1 agreement | first token | greedy exact match "
+        "| greedy agreement |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, b in bpt.items():
+        f = fid[name]
+        rows.append(
+            f"| {name} | {b:,} | {_n(f['mean_kl'], '.2e')} | {_n(f['max_kl'], '.2e')} | "
+            f"{_pct(f['top1_agreement'], '.1f')} | {_pct(f['first_token_agreement'])} | "
+            f"{_pct(f['greedy_exact_match'])} | {_pct(f['greedy_agreement'])} |"
+        )
+    ws = kv.get("working_set")
+    if ws:
+        rows += [
+            "",
+            f"The stream's working set, {ws['tokens']:,} tokens, takes "
+            + ", ".join(f"{_n(g, '.2f')} GiB in {n}" for n, g in ws["gib"].items())
+            + ".",
+        ]
+    rows += [
+        "",
+        "Disk tier: TTFT of a repeated prompt, medians of the rounds (interleaved). Cold: caching off. "
+        "RAM-warm: repeated in the engine that computed it (all but the last token cached). Disk: repeated in "
+        "a restarted engine (a fresh Engine: empty RAM cache, a new disk tier scanning the folder) whose block "
+        "files were dropped from the page cache first (`posix_fadvise(DONTNEED)` on each file); "
+        '"first request" is the restarted engine\'s very first request (its KV buffer is new memory), '
+        '"warm process" the same after one other request.',
+        "",
+        "| kv_dtype | prompt | cold | RAM-warm | disk, first request | disk, warm process | disk / RAM-warm "
+        "| cold / disk | disk read | per block |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, d in kv["disk_ttft"].items():
+        rows.append(
+            f"| {name} | {d['prompt_tokens']:,} ({d['cached_disk']:,} from disk) | {_n(d['cold_s'], '.2f')} s | "
+            f"{_n(d['ram_s'], '.3f')} s | {_n(d['disk_first_s'], '.3f')} s | {_n(d['disk_s'], '.3f')} s | "
+            f"{_n(d['disk_first_over_ram'], '.2f')}x / {_n(d['disk_over_ram'], '.2f')}x | "
+            f"{_n(d['cold_over_disk_first'], '.1f')}x / {_n(d['cold_over_disk'], '.1f')}x | "
+            f"{_n(d['read_mb_s'], ',.0f')} MB/s | {_n(d['read_ms_per_block'], '.1f')} ms |"
+        )
+    be, zero = kv["break_even"], kv["zero_hit"]
+    points = ", ".join(
+        f"{r['tokens']} tokens: disk {_n(r['disk_s'], '.4f')} s vs compute {_n(r['compute_s'], '.3f')} s"
+        for r in be["rows"]
+    )
+    crossing = be["break_even_tokens"]
+    rows += [
+        "",
+        f"Break-even prefix length (float32 KV, cold files, recycled buffers): {points}; the fitted lines cross "
+        + (
+            "nowhere in range: the disk is faster at every length"
+            if crossing == 0
+            else f"at {crossing:.0f} tokens"
+            if isinstance(crossing, (int, float)) and math.isfinite(crossing)
+            else "nowhere: computing is cheaper per token than reading (check the disk)"
+        )
+        + ", and the disk tier's unit is one 64-token block.",
+        "",
+        f"0% hits, {zero['requests']} prompts back to back (the disk writer overlaps the next prefill): TTFT "
+        f"{_n(zero['disk_on_s'], '.2f')} s with the disk tier on vs {_n(zero['caching_off_s'], '.2f')} s caching "
+        f"off ({_n(zero['overhead'], '+.1%')}); the writer spent {_n(zero['write_ms_per_block'], '.1f')} ms per "
+        f"block, {_n(zero.get('write_cpu_ms_per_block'), '.1f')} ms of it on the CPU (the rest waits on fsync), "
+        f"{_n(zero['written_mb'], '.0f')} MB written. Blocks are written when they are inserted, not when RAM evicts "
+        "them: then a SIGKILL or a restart loses nothing the RAM tier held, and replicas see each other's "
+        "blocks at once.",
+        "",
+        "| target (issue 15) | value | met | note |",
+        "|---|---|---|---|",
+    ]
+    for t in kv["targets"]:
+        rows.append(
+            f"| {t['target']} | {_n(t['value'], ',.2f')} | {'yes' if t['met'] else '**no**'} | {t['note']} |"
+        )
+    return "\n".join(rows)
+
+
+def _n(value: Any, spec: str) -> str:
+    """A number formatted, or "n/a" for one that was not measured (NaN, stored as null in the JSON)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return format(value, spec)
+
+
+def _pct(value: Any, spec: str = ".0f") -> str:
+    return "n/a" if value is None else f"{format(100 * value, spec)}%"
 
 
 def _method(res: dict[str, Any]) -> str:

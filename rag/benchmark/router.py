@@ -301,7 +301,11 @@ def _cluster(config: RouterBenchConfig, n: int, policy: str, log_dir: Path) -> I
 
 
 def _replica_env(config: RouterBenchConfig) -> dict[str, str]:
-    return {"PREFIXRAG_ENGINE__CACHE_BYTES": str(config.cache_bytes)} if config.cache_bytes else {}
+    # RAM caches only: a disk tier the replicas share (and that outlives the run) would blur what routing does
+    env = {"PREFIXRAG_ENGINE__DISK_CACHE_BYTES": "0"}
+    if config.cache_bytes:
+        env["PREFIXRAG_ENGINE__CACHE_BYTES"] = str(config.cache_bytes)
+    return env
 
 
 def measure(

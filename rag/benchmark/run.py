@@ -112,11 +112,13 @@ def run_benchmark(
             tpot = _tpot(config, loaded, reference, engine_section)
             step("time per output token")
         radix_section = _radix_section(config, clock, step, bpt)
+        kv_section = _kv_section(config, clock, step, loaded, sweep.working_set_bytes[config.skew] // bpt)
     results = assemble_results(
         config, workloads, sweep, runs, tpot, kb, sim, bpt, (llama_ok, llama_note), steady
     )
     results["engine_section"] = engine_section
     results["radix_section"] = radix_section
+    results["kv_section"] = kv_section
     results["meta"] = _meta(command, time.perf_counter() - started)
     results["meta"]["cpu_s"] = time.process_time() - cpu_started  # all threads: the work, load aside
     results["meta"]["load_average"] = {"mean": sum(load) / max(len(load), 1), "max": max(load, default=0.0)}
@@ -266,6 +268,30 @@ def _radix_section(
     return out
 
 
+def _kv_section(
+    config: BenchConfig, clock: _Clock, step: Step, loaded: LoadedModel, working_set_tokens: int
+) -> dict[str, Any] | None:
+    if not config.kv_section:
+        return None
+    from rag.benchmark.kv_tiers_bench import kv_targets, run_kv_tiers_bench
+
+    with clock("kv section"):
+        out = run_kv_tiers_bench(
+            loaded=loaded,
+            context_tokens=config.engine_context_tokens,
+            repeats=config.kv_repeats,
+            disk_kv_dtypes=config.kv_disk_dtypes,
+            fidelity_prompts=config.kv_fidelity_prompts,
+            fidelity_tokens=config.kv_fidelity_tokens,
+            break_even_lengths=config.kv_break_even_lengths,
+            zero_hit_requests=config.kv_zero_hit_requests,
+            working_set_tokens=working_set_tokens,
+            progress=lambda msg: step(f"kv section: {msg}"),
+        )
+    out["targets"] = kv_targets(out)
+    return out
+
+
 def _steady_replay(config: BenchConfig, kb: KnowledgeBase, sim: Simulator) -> ReplayResult | None:
     """The measured stream continued to ``steady_factor`` times its length (the stream is seeded, so
     its first requests are the measured ones), replayed through an unbounded cache in ``cache`` order."""
@@ -293,7 +319,8 @@ def _total_steps(config: BenchConfig) -> int:
     sweep = len(config.sweep_skews) * len(config.orders) * len(config.evictions) * len(config.capacities)
     engine = 3 + config.engine_repeats + int(config.engine_bfloat16) if config.engine_section else 0
     steady = int(config.steady_factor > 1)
-    return 2 + sweep + steady + config.requests + 1 + engine + int(config.radix_section)
+    kv = 3 + len(config.kv_disk_dtypes) if config.kv_section else 0
+    return 2 + sweep + steady + config.requests + 1 + engine + int(config.radix_section) + kv
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.kv_codec import KVGeometry
 from engine.request import StreamEvent
 from engine.sampling import SamplingParams
 from prefix_cache import RadixCache
@@ -119,8 +120,4 @@ class SimulatedEngine:
 
 def kv_bytes_per_token(model_config: Any, dtype_bytes: int = 4) -> int:
     """2 (K and V) x layers x kv_heads x head_dim x bytes: 46,080 B for SmolLM2-135M in float32."""
-    heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
-    head_dim = getattr(model_config, "head_dim", None) or (
-        model_config.hidden_size // model_config.num_attention_heads
-    )
-    return 2 * model_config.num_hidden_layers * heads * head_dim * dtype_bytes
+    return KVGeometry.from_config(model_config).raw_bytes_per_token(dtype_bytes)

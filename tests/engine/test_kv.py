@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from engine.kv import KVBuffer, KVSegment
+from engine.kv_codec import make_codec
 
 
 def _seg(n: int, layers: int = 3, heads: int = 2, dim: int = 4, offset: float = 0.0) -> KVSegment:
@@ -108,3 +109,85 @@ def test_radix_cache_split_keeps_values_exact():
     full = cache.match_prefix(list(range(200)))
     torch.testing.assert_close(KVSegment.concat(full.values).values, seg.values)
     assert cache.used_bytes == seg.nbytes
+
+
+# ---- stored formats (engine.kv_codec) -----------------------------------------------------------
+
+
+def _raw(n: int, layers: int = 3, heads: int = 2, dim: int = 64) -> KVSegment:
+    gen = torch.Generator().manual_seed(n)
+    keys = torch.randn(layers, heads, n, dim, generator=gen)
+    return KVSegment(keys, keys * 0.5 + 1, codec=make_codec("int8", torch.float32))
+
+
+def test_int8_segment_stores_compactly_and_decodes_to_the_rounded_values():
+    raw = _raw(150)
+    codec = raw.codec
+    assert raw.nbytes == 2 * 3 * 2 * 150 * 66  # what the cache will hold, before the copy
+    stored = raw[5:150].copy()
+    assert stored.nbytes == raw[5:150].nbytes
+    assert all(b.stored and b.keys.dtype == torch.int8 and b.keys.shape[3] == 66 for b in stored.blocks)
+    assert torch.equal(stored.keys, codec.round(raw.keys[:, :, 5:150]))
+    assert torch.equal(stored.values, codec.round(raw.values[:, :, 5:150]))
+    k, v = stored.decoded(torch.float64)
+    assert k.dtype == v.dtype == torch.float64 and torch.equal(k, codec.round(raw.keys[:, :, 5:150]).double())
+    assert [p[0].dtype for p in stored.parts()] == [torch.float32] * 3  # parts() are raw, decoded
+    assert [p[0].dtype for p in stored.stored_parts()] == [torch.int8] * 3
+
+
+def test_stored_slices_copy_without_re_encoding():
+    stored = _raw(150).copy()
+    left, right = stored[:100].copy(), stored[100:].copy()  # a radix split through a block
+    assert left.blocks[0] is stored.blocks[0]
+    for half, whole in ((left, stored[:100]), (right, stored[100:])):
+        assert [torch.equal(a[0], b[0]) for a, b in zip(half.stored_parts(), whole.stored_parts())]
+        assert torch.equal(half.keys, whole.keys)
+    assert left.nbytes + right.nbytes == stored.nbytes
+
+
+def test_load_prefix_decodes_stored_segments_exactly():
+    raw = _raw(100)
+    stored = raw.copy()
+    buf = KVBuffer(num_layers=3, capacity=8)  # grows
+    assert buf.load_prefix([stored[:30], stored[30:]]) == 100
+    k, v = buf.stores()
+    assert k.dtype == torch.float32 and k.shape[-1] == 64
+    assert torch.equal(k[:, 0, :, :100], raw.codec.round(raw.keys))
+    assert torch.equal(v[:, 0, :, :100], raw.codec.round(raw.values))
+    assert buf.extend([stored[:10]]) == 10 and buf.length == 110  # a disk tier appends after a RAM match
+    k, _ = buf.stores()  # grown
+    assert torch.equal(k[:, 0, :, :100], raw.codec.round(raw.keys))
+    assert torch.equal(k[:, 0, :, 100:110], raw.codec.round(raw.keys[:, :, :10]))
+
+
+def test_buffer_rounds_what_the_model_writes():
+    codec = make_codec("bfloat16", torch.float32)
+    buf = KVBuffer(num_layers=1, capacity=4, codec=codec)
+    k = torch.randn(1, 2, 3, 8)
+    keys, values = buf.update(k, -k, 0)
+    assert torch.equal(keys[0], k[0].bfloat16().float()) and torch.equal(values[0], -k[0].bfloat16().float())
+    seg = buf.segment(0, 3)
+    assert seg.codec is codec and seg.nbytes == 2 * 2 * 3 * 8 * 2
+
+
+def test_pooled_int8_blocks():
+    from engine.block_pool import KVBlockPool
+
+    pool = KVBlockPool(block_tokens=64, slab_bytes=1 << 20)
+    raw = _raw(130)
+    owned = KVSegment(raw.keys, raw.values, pool, raw.codec).copy()
+    assert [b.slot is not None for b in owned.blocks] == [True, True, False]  # the 2-token tail is its own
+    assert pool.stats()["used_blocks"] == 2
+    assert torch.equal(owned.keys, raw.codec.round(raw.keys))
+
+
+def test_concat_refuses_mixed_formats():
+    with pytest.raises(ValueError, match="different KV formats"):
+        KVSegment.concat([_raw(3), _seg(3)])
+
+
+def test_from_stored_checks_the_dtype():
+    with pytest.raises(ValueError, match=r"stored int8 KV must be torch\.int8"):
+        KVSegment.from_stored(
+            torch.zeros(1, 1, 2, 66), torch.zeros(1, 1, 2, 66), make_codec("int8", torch.float32)
+        )

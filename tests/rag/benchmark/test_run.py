@@ -38,6 +38,11 @@ TINY = BenchConfig.quick_run(
     radix_requests=40,
     radix_levels=(3000,),
     steady_factor=3,
+    kv_disk_dtypes=("int8",),
+    kv_fidelity_prompts=1,
+    kv_fidelity_tokens=3,
+    kv_break_even_lengths=(64, 128),
+    kv_zero_hit_requests=2,
 )
 
 
@@ -63,7 +68,14 @@ def test_report_embeds_every_plot_and_states_the_figures(run):
     report = (out / "report.md").read_text()
     for name in PLOTS:
         assert f"]({name})" in report
-    for heading in ("## Headline", "## Targets", f"## {ENGINE_TITLE}", f"## {RADIX_TITLE}", "## Method"):
+    for heading in (
+        "## Headline",
+        "## Targets",
+        f"## {ENGINE_TITLE}",
+        f"## {RADIX_TITLE}",
+        "## KV tiers",
+        "## Method",
+    ):
         assert heading in report
     assert results["meta"]["date"][:4] in report and "cores" in report
     assert "llama.cpp" in report
@@ -195,3 +207,22 @@ def test_steady_state_continues_the_measured_stream(run):
     assert steady["cold"]["token_hit_rate"] == pytest.approx(reference["token_hit_rate"])
     # with an unbounded cache, later requests can only find more of their prompt cached
     assert steady["warm"]["oracle_hit_rate"] >= steady["cold"]["oracle_hit_rate"]
+
+
+def test_kv_tiers_section(run):
+    _, results = run
+    kv = results["kv_section"]
+    assert kv["bytes_per_token"] == {"float32": 46_080, "bfloat16": 23_040, "float16": 23_040, "int8": 11_880}
+    fid = kv["fidelity"]
+    assert fid["float32"]["mean_kl"] == 0.0
+    for name in ("bfloat16", "float16", "int8"):
+        assert 0 < fid[name]["mean_kl"] <= fid[name]["max_kl"] and 0 <= fid[name]["greedy_agreement"] <= 1
+    disk = kv["disk_ttft"]["int8"]
+    assert (
+        disk["cached_disk"] == disk["prompt_tokens"] - 1 and disk["cached_ram"] == disk["prompt_tokens"] - 1
+    )
+    assert disk["disk_s"] > 0 and 0 < disk["ram_s"] < disk["cold_s"] and disk["read_mb_s"] > 0
+    assert [r["tokens"] for r in kv["break_even"]["rows"]] == [64, 128]
+    assert kv["zero_hit"]["written_mb"] > 0
+    assert kv["working_set"]["tokens"] > 0
+    assert kv["targets"] and all(isinstance(t["met"], bool) for t in kv["targets"])

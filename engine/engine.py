@@ -203,7 +203,9 @@ class Engine:
             self._wakeup.notify()
         return request
 
-    def warm(self, prompts: Sequence[PromptInput], *, namespace: str = "", progress: Any = None) -> WarmResult:
+    def warm(
+        self, prompts: Sequence[PromptInput], *, namespace: str = "", progress: Any = None
+    ) -> WarmResult:
         """Prefill ``prompts`` (system prompts, FAQ prompts...) into the prefix cache and, when there is
         one, the disk tier, waiting until their blocks are written; ``progress(done, total)`` after each."""
         if not self.caching:

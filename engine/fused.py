@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv import KVBuffer
+from engine.kv_codec import KVCodec
 from engine.prefill_shapes import (
     aligned_keys,
     calibrate_query_rows,
@@ -29,7 +30,6 @@ from engine.prefill_shapes import (
     prefill_rows,
     query_rows,
 )
-from engine.kv_codec import KVCodec
 from engine.runner import prefix_reuse_blocker
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})

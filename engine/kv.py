@@ -20,8 +20,8 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from engine.block_pool import KVBlockPool, Slot
-from engine.prefill_shapes import round_up
 from engine.kv_codec import KVCodec, identity_codec
+from engine.prefill_shapes import round_up
 
 BLOCK_TOKENS = 64  # granularity of cache-owned KV: a radix split copies at most one block
 

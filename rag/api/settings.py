@@ -194,6 +194,7 @@ class Settings(BaseSettings):
             if field in self.rag.model_fields_set:
                 raise ValueError(f"rag.{field} ({variable}) is not used by the server: set {instead} instead")
         return self
+
     def with_disk_cache_default(self) -> Settings:
         """These settings with the disk KV tier in ``$PREFIXRAG_HOME/kv`` unless a folder is set or the
         tier is off (``PREFIXRAG_ENGINE__DISK_CACHE_BYTES=0``): what `prefixrag serve` runs with."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.models import DEFAULT_MODEL
+
+WeightsFormat = Literal["float32", "int8"]
 
 
 class EngineConfig(BaseModel):
@@ -71,3 +73,17 @@ class EngineConfig(BaseModel):
     num_threads: int | None = Field(
         default=None, ge=1, description="torch intra-op threads (default: all cores)"
     )
+    weights: WeightsFormat = Field(
+        default="float32",
+        description="Linear and lm_head weights. 'int8': per-output-channel int8 weights times per-token "
+        "int8 activations (fused runner only), a quarter of float32's bytes read per decoded token, "
+        "quantized once and cached under $PREFIXRAG_HOME; every token's result depends on that token "
+        "alone, so batched decode equals solo decode. Approximate against float32 (fidelity in the "
+        "benchmark report); cache reuse is exact within one setting, never across settings",
+    )
+
+    @model_validator(mode="after")
+    def _int8_needs_fused_runner(self) -> EngineConfig:
+        if self.weights == "int8" and self.runner == "hf":
+            raise ValueError("weights='int8' runs on the fused runner only; use runner='auto' or 'fast'")
+        return self

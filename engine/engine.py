@@ -24,7 +24,7 @@ from engine.buffer_pool import BufferPool
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
 from engine.encoding import Prompt, encode_prompt
-from engine.fused import FusedLlamaRunner, fused_unsupported_reason
+from engine.fused import FusedLlamaRunner, drop_float_linears, fused_unsupported_reason
 from engine.kv import BLOCK_TOKENS, KVBuffer
 from engine.memory import trim_heap
 from engine.models import DEFAULT_MODEL, load_model
@@ -122,7 +122,10 @@ class Engine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
         loaded = load_model(config.model, dtype=config.dtype)
-        return cls(loaded.model, loaded.tokenizer, model_id=loaded.model_id, config=config)
+        engine = cls(loaded.model, loaded.tokenizer, model_id=loaded.model_id, config=config)
+        if config.weights == "int8":  # this engine owns the model; its runner computes with int8 copies
+            drop_float_linears(loaded.model)
+        return engine
 
     # ---- public API -------------------------------------------------------------------------
     @property
@@ -197,6 +200,8 @@ class Engine:
         cache = self.cache.stats()
         return {
             "model": self.model_id,
+            "weights": self.config.weights,
+            "weight_bytes": _weight_bytes(self.runner),
             "caching": self.caching,
             "waiting": len(self.scheduler),
             "running": len(self._running),
@@ -485,11 +490,25 @@ def _make_runner(model: Any, config: EngineConfig) -> ModelRunner | FusedLlamaRu
         return ModelRunner(model)
     reason = fused_unsupported_reason(model)
     if reason is None:
-        return FusedLlamaRunner(model, batch_invariant=config.batch_invariant)
+        return FusedLlamaRunner(model, batch_invariant=config.batch_invariant, weights=config.weights)
+    if config.weights != "float32":
+        raise ValueError(
+            f"weights={config.weights!r} needs the fused runner, which cannot run this model: {reason}"
+        )
     if config.runner == "fast":
         raise ValueError(f"runner='fast' cannot run this model: {reason}")
     log.info("using the transformers runner: %s", reason)
     return ModelRunner(model)
+
+
+def _weight_bytes(runner: ModelRunner | FusedLlamaRunner) -> int:
+    """Bytes of the weights the runner computes with (the transformers runner: all parameters)."""
+    if isinstance(runner, FusedLlamaRunner):
+        return runner.weight_bytes()
+    storages = {
+        p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in runner.model.parameters()
+    }
+    return sum(storages.values())
 
 
 __all__ = ["Engine", "KVBuffer"]

@@ -5,7 +5,9 @@ Same interface as :class:`engine.runner.ModelRunner`, built from the HF model's 
   * K/V written straight into the request's KVBuffer (no Cache object, no per-step concatenation),
   * grouped-query attention without repeating K/V (SDPA ``enable_gqa``),
   * ``decode_batch``: the projections and MLP of every running request run as one matmul (decode is
-    memory-bound: B tokens cost about as much as one), attention per request over its own KV.
+    memory-bound: B tokens cost about as much as one), attention per request over its own KV,
+  * ``weights="int8"``: every Linear and the lm_head as per-channel int8 (engine.quant), whose
+    matmul is row-independent, so no row padding is needed for exact reuse or batch invariance.
 Supported: llama / mistral (no sliding window) / qwen2 style layers (RMSNorm, RoPE via the model's own
 rotary module, SiLU-gated MLP, optional q/k/v bias). Anything else uses the generic ModelRunner.
 """
@@ -14,15 +16,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, get_args
 
 import torch
 import torch.nn.functional as F
 
+from engine.config import WeightsFormat
 from engine.kv import KVBuffer
+from engine.quant import Int8Weight, int8_linear
+from engine.quant_store import MatrixSource, cache_path_for, load_or_quantize
 from engine.runner import prefix_reuse_blocker
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
+WEIGHTS_FORMATS: tuple[str, ...] = get_args(WeightsFormat)
+Weight = torch.Tensor | Int8Weight  # a Linear weight [out, in]: float, or packed int8
 
 
 def fused_unsupported_reason(model: Any) -> str | None:
@@ -102,11 +110,11 @@ def _points_into(params: list[torch.Tensor], fused: torch.Tensor) -> bool:
 class _Layer:
     in_norm: torch.Tensor
     post_norm: torch.Tensor
-    wqkv: torch.Tensor  # [(H + 2 KVH) D, hidden]
+    wqkv: Weight  # [(H + 2 KVH) D, hidden]
     bqkv: torch.Tensor | None
-    wo: torch.Tensor  # [hidden, H D]
-    wgu: torch.Tensor  # [2 I, hidden]
-    wdown: torch.Tensor  # [hidden, I]
+    wo: Weight  # [hidden, H D]
+    wgu: Weight  # [2 I, hidden]
+    wdown: Weight  # [hidden, I]
 
 
 class FusedLlamaRunner:
@@ -119,10 +127,15 @@ class FusedLlamaRunner:
         >>> rows = runner.decode_batch([t1, t2], [buf1, buf2])
     """
 
-    def __init__(self, model: Any, *, batch_invariant: bool = False) -> None:
+    def __init__(
+        self, model: Any, *, batch_invariant: bool = False, weights: WeightsFormat = "float32"
+    ) -> None:
         reason = fused_unsupported_reason(model)
         if reason:
             raise ValueError(f"FusedLlamaRunner cannot run this model: {reason}")
+        if weights not in WEIGHTS_FORMATS:
+            raise ValueError(f"weights must be one of {list(WEIGHTS_FORMATS)}, got {weights!r}")
+        self.weights = weights
         cfg = model.config
         self.model = model
         self.config = cfg
@@ -138,13 +151,20 @@ class FusedLlamaRunner:
         inner = model.model
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
-        self.lm_head = model.lm_head.weight
         self.rotary = inner.rotary_emb
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim**-0.5))
-        self.layers = [self._fuse(layer) for layer in inner.layers]
-        # prefill rows are always padded, so a cached-prefix suffix prefill equals the full prefill;
-        # decode rows only when batch_invariant (a 1-row GEMV is much faster than the padded GEMM)
-        self.row_padding = calibrate_row_padding(self.layers[0].wqkv)
+        self.lm_head: Weight
+        if weights == "int8":
+            self.layers, self.lm_head = _int8_weights(model)
+            self.row_padding: list[int] = []  # the int8 matmul is row-independent: nothing to pad
+        else:
+            self.layers = [self._fuse(layer) for layer in inner.layers]
+            self.lm_head = model.lm_head.weight
+            wqkv = self.layers[0].wqkv
+            assert isinstance(wqkv, torch.Tensor)
+            # float prefill rows are always padded, so a cached-prefix suffix prefill equals the full
+            # prefill; decode rows only when batch_invariant (a 1-row GEMV is faster than the padded GEMM)
+            self.row_padding = calibrate_row_padding(wqkv)
         self.decode_padding = self.row_padding if batch_invariant else []
 
     @staticmethod
@@ -167,7 +187,28 @@ class FusedLlamaRunner:
     def new_buffer(self, capacity: int) -> KVBuffer:
         return KVBuffer(self.num_layers, capacity)
 
+    def weight_bytes(self) -> int:
+        """Bytes of the weights this runner computes with (embedding, norms, Linears, lm_head)."""
+        tensors: dict[int, int] = {}
+        held = [self.embed, self.final_norm, self.lm_head]
+        for layer in self.layers:
+            held += [layer.in_norm, layer.post_norm, layer.wqkv, layer.bqkv, layer.wo, layer.wgu, layer.wdown]
+        int8 = 0
+        for w in held:
+            if isinstance(w, Int8Weight):
+                int8 += w.nbytes
+            elif w is not None:  # shared storage (a tied lm_head) counts once
+                tensors[w.untyped_storage().data_ptr()] = w.untyped_storage().nbytes()
+        return int8 + sum(tensors.values())
+
     # ---- building blocks --------------------------------------------------------------------
+    @staticmethod
+    def _linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        # every projection and the lm_head go through here: x [T, in] -> [T, out]
+        if isinstance(weight, Int8Weight):
+            return int8_linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -182,7 +223,7 @@ class FusedLlamaRunner:
         self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         # x: [T, hidden] -> q [T, H, D], k/v [T, KVH, D] (rope applied to q and k)
-        qkv = F.linear(self._norm(x, layer.in_norm), layer.wqkv, layer.bqkv)
+        qkv = self._linear(self._norm(x, layer.in_norm), layer.wqkv, layer.bqkv)
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         q, k, v = qkv.split((h * d, kvh * d, kvh * d), dim=-1)
         q = self._rope(q.view(-1, h, d), cos, sin)
@@ -190,8 +231,8 @@ class FusedLlamaRunner:
         return q, k, v.view(-1, kvh, d)
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(self._norm(x, layer.post_norm), layer.wgu).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.wdown)
+        gate, up = self._linear(self._norm(x, layer.post_norm), layer.wgu).chunk(2, dim=-1)
+        return self._linear(F.silu(gate) * up, layer.wdown)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
         # q: [S, H, D]; keys/values: [1, KVH, past+S, D] -> [S, H*D]
@@ -231,7 +272,7 @@ class FusedLlamaRunner:
         return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])])
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self._norm(x, self.final_norm), self.lm_head).float()
+        return self._linear(self._norm(x, self.final_norm), self.lm_head).float()
 
     # ---- forward passes ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -255,7 +296,7 @@ class FusedLlamaRunner:
             k_store[i, 0, :, past : past + s] = k[:s].transpose(0, 1)
             v_store[i, 0, :, past : past + s] = v[:s].transpose(0, 1)
             attn = self._attend(q[:s], k_store[i, :, :, : past + s], v_store[i, :, :, : past + s], past)
-            x = x + F.linear(self._pad_rows(attn, len(ids)), layer.wo)
+            x = x + self._linear(self._pad_rows(attn, len(ids)), layer.wo)
             x = x + self._mlp(layer, x)
         buffer.set_length(past + s)
         return self._logits(self._pad_rows(x[s - 1 : s], self._rows(1)))[0]
@@ -291,8 +332,58 @@ class FusedLlamaRunner:
                 outs.append(
                     self._attend(q[j : j + 1], k_store[i, :, :, : p + 1], v_store[i, :, :, : p + 1], p)
                 )
-            x = x + F.linear(self._pad_rows(torch.cat(outs), len(ids)), layer.wo)
+            x = x + self._linear(self._pad_rows(torch.cat(outs), len(ids)), layer.wo)
             x = x + self._mlp(layer, x)
         for b, p in zip(buffers, pasts):
             b.set_length(p + 1)
         return list(self._logits(x)[:batch])
+
+
+def _int8_weights(model: Any) -> tuple[list[_Layer], Int8Weight]:
+    """Per-channel int8 copies of every Linear and the lm_head, quantized once per model directory
+    (cached under $PREFIXRAG_HOME); the model's own float weights are only read."""
+    layers = model.model.layers
+    sources: dict[str, MatrixSource] = {}
+    for i, layer in enumerate(layers):
+        a, m = layer.self_attn, layer.mlp
+        sources[f"layers.{i}.qkv"] = partial(_stacked, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)
+        sources[f"layers.{i}.o"] = partial(_stacked, a.o_proj.weight)
+        sources[f"layers.{i}.gate_up"] = partial(_stacked, m.gate_proj.weight, m.up_proj.weight)
+        sources[f"layers.{i}.down"] = partial(_stacked, m.down_proj.weight)
+    sources["lm_head"] = partial(_stacked, model.lm_head.weight)
+    packed = load_or_quantize(sources, cache_path_for(getattr(model, "name_or_path", None)))
+    fused = []
+    for i, layer in enumerate(layers):
+        a = layer.self_attn
+        bias = None
+        if a.q_proj.bias is not None:
+            bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
+        fused.append(
+            _Layer(
+                in_norm=layer.input_layernorm.weight,
+                post_norm=layer.post_attention_layernorm.weight,
+                wqkv=packed[f"layers.{i}.qkv"],
+                bqkv=bias,
+                wo=packed[f"layers.{i}.o"],
+                wgu=packed[f"layers.{i}.gate_up"],
+                wdown=packed[f"layers.{i}.down"],
+            )
+        )
+    return fused, packed["lm_head"]
+
+
+def drop_float_linears(model: Any) -> None:
+    """Free the float weights of every projection (and an untied lm_head) once an int8 runner holds
+    copies: the model can no longer run its own forward. The embedding and norms stay."""
+    tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    modules = [model.lm_head] if not tied else []
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        modules += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+    for module in modules:
+        module.weight = torch.nn.Parameter(module.weight.new_empty(0), requires_grad=False)
+
+
+def _stacked(*weights: torch.Tensor) -> torch.Tensor:
+    """Weights [out_i, in] stacked along rows (one matrix: itself, not a copy)."""
+    return weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])

@@ -145,7 +145,7 @@ def run_engine_bench(
         runs = decode_repeats if decode_repeats is not None else max(2, repeats // 2)
         out["decode"] = _decode_bench(cached, loaded.model, tok, prompts[0], decode_tokens, runs)
         say("batched decode")
-        out["batched_decode"] = _batched_decode(cached, prompts, decode_tokens, batch_sizes)
+        out["batched_decode"] = batched_decode(cached, prompts, decode_tokens, batch_sizes)
         stats = cached.cache.stats()
         out["cache"] = {
             "bytes_per_token": stats.used_bytes / max(stats.cached_tokens, 1),
@@ -214,7 +214,7 @@ def _decode_bench(
     }
 
 
-def _batched_decode(engine: Engine, prompts: list[Any], n: int, batch_sizes: Sequence[int]) -> dict[str, Any]:
+def batched_decode(engine: Engine, prompts: list[Any], n: int, batch_sizes: Sequence[int]) -> dict[str, Any]:
     """Aggregate decode throughput with B concurrent requests (the fused runner batches them)."""
     import threading
 

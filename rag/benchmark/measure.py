@@ -155,8 +155,9 @@ def measure_stream(
                 runs[OFF].add(i, r.ttft_s, ref, r.cached_tokens, r.phases)
             if i in hf_at:
                 runs[TRANSFORMERS].add(i, hf.ttft(ref), ref, 0, {})
-            if llama is not None:
-                runs[LLAMA_CPP].add(i, llama.ttft(ref), ref, 0, {})
+            if llama is not None:  # its own cached tokens: the prompt tokens llama.cpp did not evaluate
+                first = llama.first_token(ref)
+                runs[LLAMA_CPP].add(i, first.ttft_s, ref, first.cached_tokens, {})
             say(f"request {i + 1}/{n}")
         for (point, _), eng in zip(configs, engines):
             stats = eng.cache.stats()

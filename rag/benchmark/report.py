@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.benchmark.plots import PLOTS, draw_all
+from rag.benchmark.weights_report import weights_markdown
 
 CSV_COLUMNS = [
     "config",
@@ -87,8 +88,8 @@ def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "ttft_mean_s": ttft["mean"],
                 "ttft_p50_s": ttft["p50"],
                 "ttft_p95_s": ttft["p95"],
-                "tpot_ms": 1000 * m["tpot_s"],
-                "throughput_tok_s": m["throughput_tok_s"],
+                "tpot_ms": _ms(m["tpot_s"]),
+                "throughput_tok_s": m["throughput_tok_s"] if m["throughput_tok_s"] is not None else "",
                 "speedup_vs_off": m["speedup_vs_off_mean"],
             }
         )
@@ -124,6 +125,7 @@ def render_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         _skews(results),
         _plots(plots),
         _engine_section(results),
+        weights_markdown(results),
         _radix_section(results),
         _method(results),
     ]
@@ -245,7 +247,7 @@ def _measured(res: dict[str, Any]) -> str:
             f"| {name} | {m['requests']} | {100 * m['token_hit_rate']:.1f}% | {same} | {t['mean']:.2f} s | "
             f"{t['p50']:.2f} s | {t['p95']:.2f} s | {modelled} | "
             f"{m['speedup_vs_off_mean']:.1f}x / {m['speedup_vs_off_p50']:.1f}x | "
-            f"{1000 * m['tpot_s']:.0f} ms | {m['throughput_tok_s']:.1f} |"
+            f"{_ms_cell(m['tpot_s'])} | {_num_cell(m['throughput_tok_s'])} |"
         )
     tp = res["tpot"]
     rows += [
@@ -253,8 +255,15 @@ def _measured(res: dict[str, Any]) -> str:
         f"\\* tokens/s: one request at a time with {res['config']['answer_tokens']}-token answers, "
         f"= answer / (TTFT mean + (answer - 1) x TPOT). TPOT measured apart ({tp['source']}): "
         f"engine {1000 * tp['engine']['p50']:.0f} ms/token, "
-        f"transformers generate {1000 * tp['transformers']['p50']:.0f} ms/token. Caching off and transformers "
-        f"ran on an evenly spread sample of the stream (their TTFT does not depend on earlier requests).",
+        f"transformers generate {1000 * tp['transformers']['p50']:.0f} ms/token"
+        + (
+            f", llama.cpp {1000 * tp['llama.cpp']['p50']:.0f} ms/token (its own decode, from the weights section)"
+            if "llama.cpp" in tp
+            else ""
+        )
+        + ". Caching off and transformers "
+        "ran on an evenly spread sample of the stream (their TTFT does not depend on earlier requests). "
+        "Each row's hit rate, TPOT and tokens/s are that system's own; an empty cell was not measured.",
         "",
         f"llama.cpp baseline: {res['baselines']['llama_cpp']['note']}.",
     ]
@@ -462,6 +471,18 @@ def _s(seconds: float | None) -> str:
     if seconds is None or math.isnan(seconds):
         return "n/a"
     return f"{seconds:.2f} s"
+
+
+def _ms(seconds: float | None) -> Any:
+    return 1000 * seconds if seconds is not None else ""
+
+
+def _ms_cell(seconds: float | None) -> str:
+    return f"{1000 * seconds:.0f} ms" if seconds is not None else ""
+
+
+def _num_cell(v: float | None) -> str:
+    return f"{v:.1f}" if v is not None else ""
 
 
 def _us(s: dict[str, float]) -> str:

@@ -86,7 +86,7 @@ def measured_rows(
     runs: Mapping[str, Measurement],
     sweep: SweepResult,
     fit: LineFit,
-    tpot: Mapping[str, float],
+    tpot: Mapping[str, float | None],
     answer_tokens: int,
     first_of_topic: Sequence[bool],
 ) -> dict[str, dict[str, Any]]:
@@ -96,15 +96,15 @@ def measured_rows(
     for name, m in runs.items():
         s = m.summary()
         ttft = s["ttft_s"]
-        step = tpot["transformers"] if m.kind == "transformers" else tpot["engine"]
+        step = tpot.get(m.kind if m.kind in ("transformers", "llama.cpp") else "engine")
         row: dict[str, Any] = {
             "kind": m.kind,
             "requests": s["requests"],
             "ttft_s": ttft,
             "token_hit_rate": s["token_hit_rate"],
             "prompt_tokens_mean": s["prompt_tokens_mean"],
-            "tpot_s": step,
-            "throughput_tok_s": throughput(ttft["mean"], step, answer_tokens),
+            "tpot_s": step,  # None: this system's own TPOT was not measured
+            "throughput_tok_s": throughput(ttft["mean"], step, answer_tokens) if step is not None else None,
             "speedup_vs_off_mean": off["mean"] / ttft["mean"],
             "speedup_vs_off_p50": off["p50"] / ttft["p50"],
         }

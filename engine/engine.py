@@ -66,7 +66,7 @@ class Engine:
             torch.set_num_threads(self.config.num_threads)
         self.model_id = model_id
         self.tokenizer = tokenizer
-        self.runner = _make_runner(model, self.config)
+        self.runner = _make_runner(model, tokenizer, self.config)
         self.caching = self.config.enable_prefix_cache and self.config.cache_bytes > 0
         blocker = prefix_reuse_blocker(model.config)
         if self.caching and blocker:
@@ -484,13 +484,15 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _make_runner(model: Any, config: EngineConfig) -> ModelRunner | FusedLlamaRunner:
+def _make_runner(model: Any, tokenizer: Any, config: EngineConfig) -> ModelRunner | FusedLlamaRunner:
     """'auto' picks the fused runner when the architecture allows it, else transformers' forward."""
     if config.runner == "hf":
         return ModelRunner(model)
     reason = fused_unsupported_reason(model)
     if reason is None:
-        return FusedLlamaRunner(model, batch_invariant=config.batch_invariant, weights=config.weights)
+        return FusedLlamaRunner(
+            model, batch_invariant=config.batch_invariant, weights=config.weights, tokenizer=tokenizer
+        )
     if config.weights != "float32":
         raise ValueError(
             f"weights={config.weights!r} needs the fused runner, which cannot run this model: {reason}"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, get_args
 
 import torch
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 from engine.config import WeightsFormat
 from engine.kv import KVBuffer
 from engine.quant import Int8Weight, int8_linear
-from engine.quant_store import MatrixSource, cache_path_for, load_or_quantize
+from engine.quant_model import int8_model
 from engine.runner import prefix_reuse_blocker
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
@@ -128,13 +127,20 @@ class FusedLlamaRunner:
     """
 
     def __init__(
-        self, model: Any, *, batch_invariant: bool = False, weights: WeightsFormat = "float32"
+        self,
+        model: Any,
+        *,
+        batch_invariant: bool = False,
+        weights: WeightsFormat = "float32",
+        tokenizer: Any = None,
     ) -> None:
         reason = fused_unsupported_reason(model)
         if reason:
             raise ValueError(f"FusedLlamaRunner cannot run this model: {reason}")
         if weights not in WEIGHTS_FORMATS:
             raise ValueError(f"weights must be one of {list(WEIGHTS_FORMATS)}, got {weights!r}")
+        if weights == "int8" and tokenizer is None:
+            raise ValueError("weights='int8' needs the model's tokenizer (its calibration reads text)")
         self.weights = weights
         cfg = model.config
         self.model = model
@@ -155,7 +161,7 @@ class FusedLlamaRunner:
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim**-0.5))
         self.lm_head: Weight
         if weights == "int8":
-            self.layers, self.lm_head = _int8_weights(model)
+            self.layers, self.lm_head = self._int8(model, tokenizer)
             self.row_padding: list[int] = []  # the int8 matmul is row-independent: nothing to pad
         else:
             self.layers = [self._fuse(layer) for layer in inner.layers]
@@ -183,6 +189,19 @@ class FusedLlamaRunner:
             wgu=_fused_parameter([m.gate_proj, m.up_proj], "weight"),
             wdown=m.down_proj.weight,
         )
+
+    def _int8(self, model: Any, tokenizer: Any) -> tuple[list[_Layer], Int8Weight]:
+        """Layers over the model's int8 copy (engine.quant_model); the model itself is only read."""
+        int8, lm_head = int8_model(model, tokenizer)
+        layers = []
+        for layer, q in zip(model.model.layers, int8):
+            a = layer.self_attn
+            bias = None
+            if a.q_proj.bias is not None:
+                bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
+            norms = {"in_norm": q.in_norm.to(self.dtype), "post_norm": q.post_norm.to(self.dtype)}
+            layers.append(_Layer(**norms, wqkv=q.qkv, bqkv=bias, wo=q.o, wgu=q.gate_up, wdown=q.down))
+        return layers, lm_head
 
     def new_buffer(self, capacity: int) -> KVBuffer:
         return KVBuffer(self.num_layers, capacity)
@@ -339,39 +358,6 @@ class FusedLlamaRunner:
         return list(self._logits(x)[:batch])
 
 
-def _int8_weights(model: Any) -> tuple[list[_Layer], Int8Weight]:
-    """Per-channel int8 copies of every Linear and the lm_head, quantized once per model directory
-    (cached under $PREFIXRAG_HOME); the model's own float weights are only read."""
-    layers = model.model.layers
-    sources: dict[str, MatrixSource] = {}
-    for i, layer in enumerate(layers):
-        a, m = layer.self_attn, layer.mlp
-        sources[f"layers.{i}.qkv"] = partial(_stacked, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)
-        sources[f"layers.{i}.o"] = partial(_stacked, a.o_proj.weight)
-        sources[f"layers.{i}.gate_up"] = partial(_stacked, m.gate_proj.weight, m.up_proj.weight)
-        sources[f"layers.{i}.down"] = partial(_stacked, m.down_proj.weight)
-    sources["lm_head"] = partial(_stacked, model.lm_head.weight)
-    packed = load_or_quantize(sources, cache_path_for(getattr(model, "name_or_path", None)))
-    fused = []
-    for i, layer in enumerate(layers):
-        a = layer.self_attn
-        bias = None
-        if a.q_proj.bias is not None:
-            bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
-        fused.append(
-            _Layer(
-                in_norm=layer.input_layernorm.weight,
-                post_norm=layer.post_attention_layernorm.weight,
-                wqkv=packed[f"layers.{i}.qkv"],
-                bqkv=bias,
-                wo=packed[f"layers.{i}.o"],
-                wgu=packed[f"layers.{i}.gate_up"],
-                wdown=packed[f"layers.{i}.down"],
-            )
-        )
-    return fused, packed["lm_head"]
-
-
 def drop_float_linears(model: Any) -> None:
     """Free the float weights of every projection (and an untied lm_head) once an int8 runner holds
     copies: the model can no longer run its own forward. The embedding and norms stay."""
@@ -382,8 +368,3 @@ def drop_float_linears(model: Any) -> None:
         modules += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
     for module in modules:
         module.weight = torch.nn.Parameter(module.weight.new_empty(0), requires_grad=False)
-
-
-def _stacked(*weights: torch.Tensor) -> torch.Tensor:
-    """Weights [out_i, in] stacked along rows (one matrix: itself, not a copy)."""
-    return weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])

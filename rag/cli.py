@@ -16,6 +16,10 @@ app = typer.Typer(
 console = Console()
 
 INDEX_HELP = "index directory (default: $PREFIXRAG_HOME/indexes/default)"
+# what `serve` and `demo` run when neither --weights nor PREFIXRAG_ENGINE__WEIGHTS says (the library's
+# own default, EngineConfig.weights, stays float32)
+APP_WEIGHTS = "float32"
+WEIGHTS_HELP = "Linear weights: float32, or int8 (quantized once, cached; approximate, fused runner only)"
 
 
 def _quiet_libraries() -> None:
@@ -108,13 +112,21 @@ def demo(
         None, "--index", help="demo index dir (default: $PREFIXRAG_HOME/indexes/python-reference)"
     ),
     max_tokens: int = typer.Option(96, "--max-tokens", min=1, help="answer length cap"),
+    weights: str = typer.Option(APP_WEIGHTS, "--weights", help=WEIGHTS_HELP),
 ) -> None:
     """Ingest the bundled Python reference, ask questions twice, show cold vs warm TTFT and cache hits."""
+    from pydantic import ValidationError
+
     from engine.config import EngineConfig
     from rag.config import RAGConfig
     from rag.demo import DEMO_QUESTIONS, default_demo_index, run_demo
 
-    config = RAGConfig(max_tokens=max_tokens, engine=EngineConfig(model=model))
+    try:
+        engine = EngineConfig(model=model, weights=weights)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        console.print(f"[red]invalid settings:[/] {exc}")
+        raise typer.Exit(2) from exc
+    config = RAGConfig(max_tokens=max_tokens, engine=engine)
     run_demo(console, config, index or default_demo_index(), DEMO_QUESTIONS)
 
 
@@ -128,6 +140,9 @@ def serve(
         help="index directory, loaded and saved (env PREFIXRAG_INDEX_DIR; default: the one `ingest` uses)",
     ),
     model: str = typer.Option(None, help="registry name or HF model dir (env PREFIXRAG_ENGINE__MODEL)"),
+    weights: str = typer.Option(
+        None, "--weights", help=f"{WEIGHTS_HELP} (env PREFIXRAG_ENGINE__WEIGHTS; default {APP_WEIGHTS})"
+    ),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     """Serve the HTTP API (OpenAI-compatible routes, /v1/ask, documents, metrics) and the web page."""
@@ -137,8 +152,10 @@ def serve(
     from rag.api.settings import Settings
 
     overrides: dict[str, Any] = {"host": host, "port": port, "index_dir": index}
-    if model:
-        overrides["engine"] = {"model": model}  # merged into PREFIXRAG_ENGINE__* values
+    engine: dict[str, Any] = {"model": model} if model else {}  # merged into PREFIXRAG_ENGINE__* values
+    weights = weights or os.environ.get("PREFIXRAG_ENGINE__WEIGHTS") or APP_WEIGHTS
+    engine["weights"] = weights
+    overrides["engine"] = engine
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
         if settings.index_dir is None:  # serve what `prefixrag ingest` wrote
@@ -149,7 +166,8 @@ def serve(
         console.print(f"[red]invalid settings:[/] {exc}")
         raise typer.Exit(2) from exc
     console.print(
-        f"serving [bold]{settings.engine.model}[/] on http://{settings.host}:{settings.port} (index {settings.index_dir})"
+        f"serving [bold]{settings.engine.model}[/] ({settings.engine.weights} weights) on "
+        f"http://{settings.host}:{settings.port} (index {settings.index_dir})"
     )
     run_server(settings, log_level=log_level)
 

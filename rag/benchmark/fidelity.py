@@ -4,7 +4,8 @@ Both runners share one loaded model. For every prompt, float32 decodes greedily 
 same tokens (teacher forcing), so at each step the two next-token distributions are compared on the
 same history: their KL divergence, and whether int8's argmax is float32's token. int8's own greedy
 answer equals float32's for the first ``n`` tokens exactly when the argmaxes agree at all ``n``
-steps. Perplexity is measured on the bundled corpus (``pydoc_data.topics``), token by token.
+steps. Perplexity is measured on the bundled corpus (``pydoc_data.topics``), in windows read side by
+side.
 
 Example:
     >>> out = measure_fidelity(loaded, prompts, answer_tokens=32, corpus_tokens=1024)  # doctest: +SKIP
@@ -46,7 +47,7 @@ def measure_fidelity(
     say = progress or (lambda _msg: None)
     runners = {
         "float32": FusedLlamaRunner(loaded.model),
-        "int8": FusedLlamaRunner(loaded.model, weights="int8"),
+        "int8": FusedLlamaRunner(loaded.model, weights="int8", tokenizer=loaded.tokenizer),
     }
     shared = _common_prefix(prompts)
     prefixed = {name: _prefilled(r, prompts[0][:shared]) for name, r in runners.items()}
@@ -81,14 +82,21 @@ def corpus_ids(tokenizer: Any, tokens: int) -> list[int]:
 
 
 @torch.inference_mode()
-def perplexity(runner: FusedLlamaRunner, ids: Sequence[int]) -> float:
-    """exp(mean negative log-likelihood) of ids[1:], one token per forward (the decode path)."""
-    buffer = runner.new_buffer(len(ids))
-    nll = 0.0
-    for t in range(len(ids) - 1):
-        logits = runner.forward([ids[t]], buffer)
-        nll -= float(torch.log_softmax(logits, dim=-1)[ids[t + 1]])
-    return math.exp(nll / (len(ids) - 1))
+def perplexity(runner: FusedLlamaRunner, ids: Sequence[int], windows: int = 8) -> float:
+    """exp(mean negative log-likelihood) of the next token, over ``windows`` equal windows of ``ids``
+    read side by side (one batched decode step per position: decode reads the weights once per step)."""
+    span = len(ids) // windows
+    if span < 2:
+        raise ValueError(f"{len(ids)} tokens cannot fill {windows} windows of at least 2")
+    rows = [list(ids[w * span : (w + 1) * span]) for w in range(windows)]
+    buffers = [runner.new_buffer(span) for _ in rows]
+    nll, count = 0.0, 0
+    for t in range(span - 1):
+        logits = runner.decode_batch([r[t] for r in rows], buffers)
+        for r, row in zip(rows, logits):
+            nll -= float(torch.log_softmax(row, dim=-1)[r[t + 1]])
+            count += 1
+    return math.exp(nll / count)
 
 
 def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:

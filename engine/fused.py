@@ -7,7 +7,8 @@ Same interface as :class:`engine.runner.ModelRunner`, built from the HF model's 
   * ``decode_batch``: the projections and MLP of every running request run as one matmul (decode is
     memory-bound: B tokens cost about as much as one), attention per request over its own KV,
   * ``weights="int8"``: every Linear and the lm_head as per-channel int8 (engine.quant), whose
-    matmul is row-independent, so no row padding is needed for exact reuse or batch invariance.
+    matmul is row-independent, so no row padding is needed for exact reuse or batch invariance;
+    the lm_head's best candidates are rescored with the float weights.
 Supported: llama / mistral (no sliding window) / qwen2 style layers (RMSNorm, RoPE via the model's own
 rotary module, SiLU-gated MLP, optional q/k/v bias). Anything else uses the generic ModelRunner.
 """
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 from engine.config import WeightsFormat
 from engine.kv import KVBuffer
-from engine.quant import Int8Weight, int8_linear
+from engine.quant import Int8Weight, int8_linear, rescore_top
 from engine.quant_model import int8_model
 from engine.runner import prefix_reuse_blocker
 
@@ -160,8 +161,11 @@ class FusedLlamaRunner:
         self.rotary = inner.rotary_emb
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim**-0.5))
         self.lm_head: Weight
+        # int8: the float lm_head and final norm that rescore int8's best candidates exactly
+        self.exact_head: tuple[torch.Tensor, torch.Tensor] | None = None
         if weights == "int8":
-            self.layers, self.lm_head = self._int8(model, tokenizer)
+            self.exact_head = (self.final_norm, model.lm_head.weight)
+            self.layers, self.final_norm, self.lm_head = self._int8(model, tokenizer)
             self.row_padding: list[int] = []  # the int8 matmul is row-independent: nothing to pad
         else:
             self.layers = [self._fuse(layer) for layer in inner.layers]
@@ -190,18 +194,19 @@ class FusedLlamaRunner:
             wdown=m.down_proj.weight,
         )
 
-    def _int8(self, model: Any, tokenizer: Any) -> tuple[list[_Layer], Int8Weight]:
-        """Layers over the model's int8 copy (engine.quant_model); the model itself is only read."""
-        int8, lm_head = int8_model(model, tokenizer)
+    def _int8(self, model: Any, tokenizer: Any) -> tuple[list[_Layer], torch.Tensor, Int8Weight]:
+        """Layers, final norm and lm_head over the model's int8 copy (engine.quant_model), whose norm
+        weights carry its smoothing; the model itself is only read."""
+        int8 = int8_model(model, tokenizer)
         layers = []
-        for layer, q in zip(model.model.layers, int8):
+        for layer, q in zip(model.model.layers, int8.layers):
             a = layer.self_attn
             bias = None
             if a.q_proj.bias is not None:
                 bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
             norms = {"in_norm": q.in_norm.to(self.dtype), "post_norm": q.post_norm.to(self.dtype)}
             layers.append(_Layer(**norms, wqkv=q.qkv, bqkv=bias, wo=q.o, wgu=q.gate_up, wdown=q.down))
-        return layers, lm_head
+        return layers, int8.final_norm.to(self.dtype), int8.lm_head
 
     def new_buffer(self, capacity: int) -> KVBuffer:
         return KVBuffer(self.num_layers, capacity)
@@ -209,7 +214,7 @@ class FusedLlamaRunner:
     def weight_bytes(self) -> int:
         """Bytes of the weights this runner computes with (embedding, norms, Linears, lm_head)."""
         tensors: dict[int, int] = {}
-        held = [self.embed, self.final_norm, self.lm_head]
+        held = [self.embed, self.final_norm, self.lm_head, *(self.exact_head or ())]
         for layer in self.layers:
             held += [layer.in_norm, layer.post_norm, layer.wqkv, layer.bqkv, layer.wo, layer.wgu, layer.wdown]
         int8 = 0
@@ -291,7 +296,11 @@ class FusedLlamaRunner:
         return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])])
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self._linear(self._norm(x, self.final_norm), self.lm_head).float()
+        logits = self._linear(self._norm(x, self.final_norm), self.lm_head).float()
+        if self.exact_head is not None:
+            norm, head = self.exact_head
+            logits = rescore_top(logits, self._norm(x, norm), head)
+        return logits
 
     # ---- forward passes ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -359,10 +368,9 @@ class FusedLlamaRunner:
 
 
 def drop_float_linears(model: Any) -> None:
-    """Free the float weights of every projection (and an untied lm_head) once an int8 runner holds
-    copies: the model can no longer run its own forward. The embedding and norms stay."""
-    tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    modules = [model.lm_head] if not tied else []
+    """Free the float weights of every projection once an int8 runner holds copies: the model can no
+    longer run its own forward. The embedding, the norms and the lm_head (read to rescore) stay."""
+    modules = []
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp
         modules += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]

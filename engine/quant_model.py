@@ -2,7 +2,7 @@
 
 For each layer: q/k/v (fused), o, gate/up (fused) and down as per-channel int8 (engine.quant), with
 SmoothQuant's channel scales (engine.quant_smooth) folded into the two RMSNorm weights and the up
-projection's rows; the lm_head as int8 too. The first load converts and writes the result under
+projection's rows; the lm_head as int8 too, its smoothing folded into the final RMSNorm weight. The first load converts and writes the result under
 ``$PREFIXRAG_HOME/quantized`` (engine.quant_store) with a progress line; later loads read it back.
 The model's own weights are only read, never changed.
 
@@ -31,7 +31,7 @@ from engine.quant_smooth import (
 )
 from engine.quant_store import Spec, cache_path_for, load_or_build
 
-RECIPE = f"int8-v2 smoothquant alpha={ALPHA} calibration={','.join(CALIBRATION_TOPICS)}:{CALIBRATION_TOKENS}"
+RECIPE = f"int8-v3 smoothquant alpha={ALPHA} calibration={','.join(CALIBRATION_TOPICS)}:{CALIBRATION_TOKENS}"
 MATRICES = ("qkv", "o", "gate_up", "down")
 
 
@@ -47,8 +47,17 @@ class Int8Layer:
     down: Int8Weight
 
 
-def int8_model(model: Any, tokenizer: Any) -> tuple[list[Int8Layer], Int8Weight]:
-    """Int8 layers and lm_head for ``model`` (converted on first use, then read from the cache)."""
+@dataclass(frozen=True)
+class Int8Model:
+    """The int8 layers, the int8 lm_head and the final RMSNorm weight that goes with it."""
+
+    layers: list[Int8Layer]
+    final_norm: torch.Tensor
+    lm_head: Int8Weight
+
+
+def int8_model(model: Any, tokenizer: Any) -> Int8Model:
+    """The int8 copy of ``model`` (converted on first use, then read from the cache)."""
     path = cache_path_for(getattr(model, "name_or_path", None), RECIPE)
     tensors = load_or_build(path, _spec(model), lambda: _convert(model, tokenizer))
     layers = [
@@ -61,7 +70,7 @@ def int8_model(model: Any, tokenizer: Any) -> tuple[list[Int8Layer], Int8Weight]
         )
         for i in range(len(model.model.layers))
     ]
-    return layers, pack_int8(tensors["lm_head.q"], tensors["lm_head.scale"])
+    return Int8Model(layers, tensors["final_norm"], pack_int8(tensors["lm_head.q"], tensors["lm_head.scale"]))
 
 
 def _spec(model: Any) -> Spec:
@@ -83,6 +92,7 @@ def _spec(model: Any) -> Spec:
         spec[f"layers.{i}.in_norm"] = (torch.float32, (hidden,))
         spec[f"layers.{i}.post_norm"] = (torch.float32, (hidden,))
     matrix("lm_head", *model.lm_head.weight.shape)
+    spec["final_norm"] = (torch.float32, (model.lm_head.weight.shape[1],))
     return spec
 
 
@@ -99,7 +109,10 @@ def _convert(model: Any, tokenizer: Any) -> dict[str, torch.Tensor]:
         for i, layer in enumerate(layers):
             out.update(_layer_tensors(i, layer, peaks))
             bar.advance(task)
-        out["lm_head.q"], out["lm_head.scale"] = quantize_rows(model.lm_head.weight)
+        head = model.lm_head.weight.detach().float()
+        s_head = smoothing(peaks["lm_head"], head)
+        out["lm_head.q"], out["lm_head.scale"] = quantize_rows(head * s_head)
+        out["final_norm"] = model.model.norm.weight.detach().float() / s_head
         bar.update(task, advance=1, description="int8 weights (one-time): saving")
     return out
 

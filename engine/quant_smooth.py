@@ -4,8 +4,8 @@ A few input channels of a Linear carry much larger activations than the rest, to
 so one int8 scale per token spends its levels on them. Dividing channel ``j`` of the activations by
 ``s_j`` and multiplying column ``j`` of the weight by ``s_j`` leaves the product unchanged and evens
 out both, with ``s_j = max|x_j|^alpha / max|W_j|^(1 - alpha)`` from a calibration pass. The division
-costs nothing at run time: it folds into the RMSNorm weight before q/k/v and gate/up, and into the
-up projection's rows before down (``silu(gate) * up`` is linear in ``up``).
+costs nothing at run time: it folds into the RMSNorm weight before q/k/v, gate/up and the lm_head,
+and into the up projection's rows before down (``silu(gate) * up`` is linear in ``up``).
 
 Calibration reads Python-reference topics that the benchmark's fidelity prompts and corpus do not use.
 
@@ -37,7 +37,8 @@ def calibration_ids(tokenizer: Any, tokens: int = CALIBRATION_TOKENS) -> list[in
 @torch.inference_mode()
 def calibrate(model: Any, ids: list[int], window: int = 512) -> dict[str, torch.Tensor]:
     """Per input channel, the largest |activation| entering each layer's q/k/v, gate/up and down
-    projections (``layers.{i}.qkv`` / ``.gate_up`` / ``.down``), over ``ids`` in windows."""
+    projections (``layers.{i}.qkv`` / ``.gate_up`` / ``.down``) and the lm_head (``lm_head``), over
+    ``ids`` in windows."""
     peaks: dict[str, torch.Tensor] = {}
 
     def record(name: str) -> Any:
@@ -47,14 +48,14 @@ def calibrate(model: Any, ids: list[int], window: int = 512) -> dict[str, torch.
 
         return hook
 
-    handles = []
+    handles = [model.lm_head.register_forward_pre_hook(record("lm_head"))]
     for i, layer in enumerate(model.model.layers):
         handles.append(layer.self_attn.q_proj.register_forward_pre_hook(record(f"layers.{i}.qkv")))
         handles.append(layer.mlp.gate_proj.register_forward_pre_hook(record(f"layers.{i}.gate_up")))
         handles.append(layer.mlp.down_proj.register_forward_pre_hook(record(f"layers.{i}.down")))
     try:
         for start in range(0, len(ids), window):
-            model(input_ids=torch.tensor([ids[start : start + window]]), use_cache=False)
+            model(input_ids=torch.tensor([ids[start : start + window]]), use_cache=False, logits_to_keep=0)
     finally:
         for handle in handles:
             handle.remove()

@@ -236,6 +236,9 @@ def bench(
     samples: int = typer.Option(None, "--samples", min=2, help="caching-off requests measured (default 12)"),
     engine_section: bool = typer.Option(True, "--engine-section/--no-engine-section", help="issue 4 figures"),
     radix_section: bool = typer.Option(True, "--radix-section/--no-radix-section", help="issue 3 figures"),
+    weights_section: bool = typer.Option(
+        True, "--weights-section/--no-weights-section", help="int8 vs float32 vs llama.cpp, int8 fidelity"
+    ),
     report_only: bool = typer.Option(
         False, "--report-only", help="redraw plots and report.md from OUT/results.json; measure nothing"
     ),
@@ -257,6 +260,7 @@ def bench(
         samples=samples,
         engine_section=engine_section,
         radix_section=radix_section,
+        weights_section=weights_section,
     )
 
 

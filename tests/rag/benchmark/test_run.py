@@ -38,6 +38,11 @@ TINY = BenchConfig.quick_run(
     radix_requests=40,
     radix_levels=(3000,),
     steady_factor=3,
+    weights_repeats=1,
+    weights_answer_tokens=4,
+    fidelity_prompts=2,
+    fidelity_answer_tokens=4,
+    fidelity_corpus_tokens=64,
 )
 
 
@@ -63,7 +68,14 @@ def test_report_embeds_every_plot_and_states_the_figures(run):
     report = (out / "report.md").read_text()
     for name in PLOTS:
         assert f"]({name})" in report
-    for heading in ("## Headline", "## Targets", "## Engine section", "## Radix section", "## Method"):
+    for heading in (
+        "## Headline",
+        "## Targets",
+        "## Engine section",
+        "## int8 weights",
+        "## Radix section",
+        "## Method",
+    ):
         assert heading in report
     assert results["meta"]["date"][:4] in report and "cores" in report
     assert "llama.cpp" in report
@@ -160,3 +172,26 @@ def test_steady_state_continues_the_measured_stream(run):
     assert steady["cold"]["token_hit_rate"] == pytest.approx(reference["token_hit_rate"])
     # with an unbounded cache, later requests can only find more of their prompt cached
     assert steady["warm"]["oracle_hit_rate"] >= steady["cold"]["oracle_hit_rate"]
+
+
+def test_weights_section_compares_int8_float32_and_llama_cpp(run):
+    out, results = run
+    sec = results["weights_section"]
+    systems = sec["systems"]
+    assert {"float32", "int8"} <= set(systems) and ("llama.cpp" in systems) == results["baselines"][
+        "llama_cpp"
+    ]["available"]
+    for name, s in systems.items():
+        assert s["cold_ttft_s"] > 0 and s["warm_ttft_s"] > 0 and s["decode_ms_per_token"] > 0, name
+        assert s["answer_tokens"] == TINY.weights_answer_tokens and s["cold_cached_tokens"] == 0, name
+        assert s["warm_cached_tokens"] > 0, name  # the shared context was reused, by each system's own count
+        assert s["kv_bytes_per_cached_prompt"] > 0 and s["weight_bytes"] > 0, name
+    assert set(systems["int8"]["batched_decode"]) == {"1", "2"} and "batched_decode" not in systems.get(
+        "llama.cpp", {}
+    )
+    assert systems["int8"]["weight_bytes"] < systems["float32"]["weight_bytes"]
+    fid = sec["fidelity"]
+    assert fid["prompts"] == 2 and 0 <= fid["greedy_agreement"] <= 1 and fid["kl_mean"] >= 0
+    assert fid["float32"]["perplexity"] > 1 and fid["int8"]["perplexity"] > 1
+    report = (out / "report.md").read_text()
+    assert "| issue 16 target |" in report and "Perplexity of" in report

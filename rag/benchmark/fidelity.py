@@ -1,16 +1,16 @@
 """Fidelity of int8 weights against float32 on the same prompts: greedy agreement, KL, perplexity.
 
-Both runners share one loaded model. For every prompt, float32 decodes greedily and int8 is fed the
-same tokens (teacher forcing), so at each step the two next-token distributions are compared on the
-same history: their KL divergence, and whether int8's argmax is float32's token. int8's own greedy
-answer equals float32's for the first ``n`` tokens exactly when the argmaxes agree at all ``n``
-steps. Perplexity is measured on the bundled corpus (``pydoc_data.topics``), in windows read side by
-side.
+For every prompt, float32 decodes greedily and each candidate (int8 weights; bfloat16 as a scale
+reference, a much smaller perturbation) is fed the same tokens (teacher forcing), so at each step
+their next-token distributions are compared on the same history: KL(float32 || candidate), and
+whether the candidate's argmax is float32's token. A candidate's own greedy answer equals float32's
+for the first ``n`` tokens exactly when the argmaxes agree at all ``n`` steps. Perplexity is measured
+on the bundled corpus (``pydoc_data.topics``), in windows read side by side.
 
 Example:
     >>> out = measure_fidelity(loaded, prompts, answer_tokens=32, corpus_tokens=1024)  # doctest: +SKIP
-    >>> out["greedy_agreement"], out["int8"]["perplexity"]                            # doctest: +SKIP
-    (1.0, 9.8)
+    >>> out["int8"]["greedy_agreement"], out["int8"]["perplexity"]                    # doctest: +SKIP
+    (0.27, 22.9)
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import torch
 
 from engine.fused import FusedLlamaRunner
 from engine.kv import KVBuffer
-from engine.models import LoadedModel
+from engine.models import LoadedModel, load_model
 
 CORPUS_TOPICS = ("execmodel", "function", "try", "with", "compound", "assignment", "truth", "comparisons")
+REFERENCE = "float32"
 
 
 def measure_fidelity(
@@ -35,9 +36,10 @@ def measure_fidelity(
     *,
     answer_tokens: int = 32,
     corpus_tokens: int = 1024,
+    bfloat16: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """int8 against float32 on ``prompts`` (token ids) and on ``corpus_tokens`` tokens of the corpus."""
+    """int8 (and bfloat16) against float32 on ``prompts`` (token ids) and ``corpus_tokens`` corpus tokens."""
     if not prompts:
         raise ValueError("prompts is empty")
     if answer_tokens < 1 or corpus_tokens < 2:
@@ -46,31 +48,37 @@ def measure_fidelity(
         )
     say = progress or (lambda _msg: None)
     runners = {
-        "float32": FusedLlamaRunner(loaded.model),
+        REFERENCE: FusedLlamaRunner(loaded.model),
         "int8": FusedLlamaRunner(loaded.model, weights="int8", tokenizer=loaded.tokenizer),
     }
+    if bfloat16:
+        runners["bfloat16"] = FusedLlamaRunner(load_model(loaded.model_id, dtype="bfloat16").model)
     shared = _common_prefix(prompts)
     prefixed = {name: _prefilled(r, prompts[0][:shared]) for name, r in runners.items()}
-    kls: list[float] = []
-    agreed: list[int] = []  # per prompt: steps until int8's argmax first differs from float32's token
+    kls: dict[str, list[float]] = {name: [] for name in runners if name != REFERENCE}
+    agreed: dict[str, list[int]] = {name: [] for name in kls}  # per prompt: steps before the first miss
     for i, ids in enumerate(prompts):
         say(f"fidelity: prompt {i + 1}/{len(prompts)}")
-        step_kls, same = _teacher_forced(runners, prefixed, ids, shared, answer_tokens)
-        kls += step_kls
-        agreed.append(same)
+        for name, (step_kls, same) in _teacher_forced(runners, prefixed, ids, shared, answer_tokens).items():
+            kls[name] += step_kls
+            agreed[name].append(same)
     say("fidelity: corpus perplexity")
     corpus = corpus_ids(loaded.tokenizer, corpus_tokens)
-    return {
+    out: dict[str, Any] = {
         "prompts": len(prompts),
         "answer_tokens": answer_tokens,
-        "greedy_agreement": sum(a == answer_tokens for a in agreed) / len(agreed),
-        "agreed_tokens_mean": statistics.fmean(agreed),
-        "kl_mean": statistics.fmean(kls),
-        "kl_max": max(kls),
         "corpus_tokens": len(corpus),
-        "float32": {"perplexity": perplexity(runners["float32"], corpus)},
-        "int8": {"perplexity": perplexity(runners["int8"], corpus)},
+        REFERENCE: {"perplexity": perplexity(runners[REFERENCE], corpus)},
     }
+    for name in kls:
+        out[name] = {
+            "greedy_agreement": sum(a == answer_tokens for a in agreed[name]) / len(prompts),
+            "agreed_tokens_mean": statistics.fmean(agreed[name]),
+            "kl_mean": statistics.fmean(kls[name]),
+            "kl_max": max(kls[name]),
+            "perplexity": perplexity(runners[name], corpus),
+        }
+    return out
 
 
 def corpus_ids(tokenizer: Any, tokens: int) -> list[int]:
@@ -121,21 +129,24 @@ def _teacher_forced(
     ids: Sequence[int],
     shared: int,
     steps: int,
-) -> tuple[list[float], int]:
-    """KL(float32 || int8) at each of ``steps`` positions of float32's greedy answer, and how many
-    leading steps int8's argmax agreed with float32's token."""
+) -> dict[str, tuple[list[float], int]]:
+    """Per candidate: KL(float32 || candidate) at each of ``steps`` positions of float32's greedy
+    answer, and how many leading steps its argmax agreed with float32's token."""
     logits = {}
     for name, runner in runners.items():
         prefixed[name].truncate(shared)
         logits[name] = runner.prefill(list(ids[shared:]), prefixed[name])
-    kls, same, diverged = [], 0, False
+    kls: dict[str, list[float]] = {name: [] for name in runners if name != REFERENCE}
+    same = dict.fromkeys(kls, 0)
+    diverged = dict.fromkeys(kls, False)
     for _ in range(steps):
-        p_log = torch.log_softmax(logits["float32"], dim=-1)
-        q_log = torch.log_softmax(logits["int8"], dim=-1)
-        kls.append(float(torch.sum(p_log.exp() * (p_log - q_log))))
-        token = int(logits["float32"].argmax())
-        diverged = diverged or int(logits["int8"].argmax()) != token
-        same += not diverged
+        p_log = torch.log_softmax(logits[REFERENCE].float(), dim=-1)
+        token = int(logits[REFERENCE].argmax())
+        for name in kls:
+            q_log = torch.log_softmax(logits[name].float(), dim=-1)
+            kls[name].append(float(torch.sum(p_log.exp() * (p_log - q_log))))
+            diverged[name] = diverged[name] or int(logits[name].argmax()) != token
+            same[name] += not diverged[name]
         for name, runner in runners.items():
             logits[name] = runner.decode_step(token, prefixed[name])
-    return kls, same
+    return {name: (kls[name], same[name]) for name in kls}

@@ -75,11 +75,11 @@ class EngineConfig(BaseModel):
     )
     weights: WeightsFormat = Field(
         default="float32",
-        description="Linear and lm_head weights. 'int8': per-output-channel int8 weights times per-token "
-        "int8 activations (fused runner only), a quarter of float32's bytes read per decoded token, "
-        "quantized once and cached under $PREFIXRAG_HOME; every token's result depends on that token "
-        "alone, so batched decode equals solo decode. Approximate against float32 (fidelity in the "
-        "benchmark report); cache reuse is exact within one setting, never across settings",
+        description="Linear and lm_head weights. 'int8' (fused runner only): per-output-channel int8 "
+        "weights times per-token int8 activations on fbgemm, converted once and cached under "
+        "$PREFIXRAG_HOME; a token's result depends on that token alone, so batched decode equals solo "
+        "decode and reuse of cached KV is as exact as the attention's. Approximate against float32 "
+        "(measured in the benchmark report)",
     )
 
     @model_validator(mode="after")

@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.kv_codec import KVDType
 from engine.models import DEFAULT_MODEL
 from prefix_cache import CacheConfig
 from prefix_cache.eviction import DEFAULT_ATTENTION_WINDOW
+
+WeightsFormat = Literal["float32", "int8"]
 
 
 class EngineConfig(BaseModel):
@@ -113,3 +115,18 @@ class EngineConfig(BaseModel):
             eviction=self.eviction,
             attention_window=self.gdsf_attention_window,
         )
+
+    weights: WeightsFormat = Field(
+        default="float32",
+        description="Linear and lm_head weights. 'int8' (fused runner only): per-output-channel int8 "
+        "weights times per-token int8 activations on fbgemm, converted once and cached under "
+        "$PREFIXRAG_HOME; a token's result depends on that token alone, so batched decode equals solo "
+        "decode and reuse of cached KV is as exact as the attention's. Approximate against float32 "
+        "(measured in the benchmark report)",
+    )
+
+    @model_validator(mode="after")
+    def _int8_needs_fused_runner(self) -> EngineConfig:
+        if self.weights == "int8" and self.runner == "hf":
+            raise ValueError("weights='int8' runs on the fused runner only; use runner='auto' or 'fast'")
+        return self

@@ -362,7 +362,7 @@ def open_disk_tier(engine: Any, model: Any) -> DiskTier | None:
         model_id=engine.model_id,
         dtype=str(compute_dtype(model)).removeprefix("torch."),
         kv_dtype=cfg.kv_dtype,
-        weights=str(getattr(cfg, "weights", "float32")),
+        weights=cfg.weights,
     )
     try:
         return DiskTier(

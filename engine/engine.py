@@ -25,7 +25,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
 from engine.disk_tier import open_disk_tier
 from engine.encoding import PromptInput, encode_prompt
-from engine.fused import FusedLlamaRunner, fused_unsupported_reason
+from engine.fused import FusedLlamaRunner, drop_float_linears, fused_unsupported_reason
 from engine.kv import BLOCK_TOKENS, KVBuffer
 from engine.kv_codec import KVCodec, KVGeometry, compute_dtype, make_codec
 from engine.memory import trim_heap
@@ -72,7 +72,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.kv_codec = make_codec(self.config.kv_dtype, compute_dtype(model))
         self.kv_geometry = KVGeometry.from_config(model.config)
-        self.runner = _make_runner(model, self.config, self.kv_codec)
+        self.runner = _make_runner(model, tokenizer, self.config, self.kv_codec)
         self.caching = self.config.enable_prefix_cache and self.config.cache_bytes > 0
         blocker = prefix_reuse_blocker(model.config)
         if self.caching and blocker:
@@ -125,7 +125,10 @@ class Engine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
         loaded = load_model(config.model, dtype=config.dtype)
-        return cls(loaded.model, loaded.tokenizer, model_id=loaded.model_id, config=config)
+        engine = cls(loaded.model, loaded.tokenizer, model_id=loaded.model_id, config=config)
+        if config.weights == "int8":  # this engine owns the model; its runner computes with int8 copies
+            drop_float_linears(loaded.model)
+        return engine
 
     # ---- public API -------------------------------------------------------------------------
     @property
@@ -238,6 +241,8 @@ class Engine:
         cache = self.cache.stats()
         return {
             "model": self.model_id,
+            "weights": self.config.weights,
+            "weight_bytes": _weight_bytes(self.runner),
             "caching": self.caching,
             "waiting": len(self.scheduler),
             "running": len(self._running),
@@ -549,17 +554,39 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _make_runner(model: Any, config: EngineConfig, codec: KVCodec) -> ModelRunner | FusedLlamaRunner:
+def _make_runner(
+    model: Any, tokenizer: Any, config: EngineConfig, codec: KVCodec
+) -> ModelRunner | FusedLlamaRunner:
     """'auto' picks the fused runner when the architecture allows it, else transformers' forward."""
     if config.runner == "hf":
         return ModelRunner(model, kv_codec=codec)
     reason = fused_unsupported_reason(model)
     if reason is None:
-        return FusedLlamaRunner(model, batch_invariant=config.batch_invariant, kv_codec=codec)
+        return FusedLlamaRunner(
+            model,
+            batch_invariant=config.batch_invariant,
+            weights=config.weights,
+            tokenizer=tokenizer,
+            kv_codec=codec,
+        )
+    if config.weights != "float32":
+        raise ValueError(
+            f"weights={config.weights!r} needs the fused runner, which cannot run this model: {reason}"
+        )
     if config.runner == "fast":
         raise ValueError(f"runner='fast' cannot run this model: {reason}")
     log.info("using the transformers runner: %s", reason)
     return ModelRunner(model, kv_codec=codec)
+
+
+def _weight_bytes(runner: ModelRunner | FusedLlamaRunner) -> int:
+    """Bytes of the weights the runner computes with (the transformers runner: all parameters)."""
+    if isinstance(runner, FusedLlamaRunner):
+        return runner.weight_bytes()
+    storages = {
+        p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in runner.model.parameters()
+    }
+    return sum(storages.values())
 
 
 __all__ = ["Engine", "KVBuffer"]

@@ -5,7 +5,10 @@ Same interface as :class:`engine.runner.ModelRunner`, built from the HF model's 
   * K/V written straight into the request's KVBuffer (no Cache object, no per-step concatenation),
   * grouped-query attention without repeating K/V (SDPA ``enable_gqa``),
   * ``decode_batch``: the projections and MLP of every running request run as one matmul (decode is
-    memory-bound: B tokens cost about as much as one), attention per request over its own KV.
+    memory-bound: B tokens cost about as much as one), attention per request over its own KV,
+  * ``weights="int8"``: every Linear and the lm_head as per-channel int8 (engine.quant), whose
+    matmul is row-independent, so no row padding is needed for exact reuse or batch invariance;
+    the lm_head's best candidates are rescored with the float weights.
 Supported: llama / mistral (no sliding window) / qwen2 style layers (RMSNorm, RoPE via the model's own
 rotary module, SiLU-gated MLP, optional q/k/v and o_proj biases). Anything else uses the generic
 ModelRunner. Prefill runs engine.prefill_shapes' shapes, so reusing cached KV is exact.
@@ -15,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import torch
 import torch.nn.functional as F
 
+from engine.config import WeightsFormat
 from engine.kv import KVBuffer
 from engine.kv_codec import KVCodec
 from engine.prefill_shapes import (
@@ -30,9 +34,13 @@ from engine.prefill_shapes import (
     prefill_rows,
     query_rows,
 )
+from engine.quant import Int8Weight, int8_linear, rescore_top
+from engine.quant_model import int8_model
 from engine.runner import prefix_reuse_blocker
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
+WEIGHTS_FORMATS: tuple[str, ...] = get_args(WeightsFormat)
+Weight = torch.Tensor | Int8Weight  # a Linear weight [out, in]: float, or packed int8
 _Span = tuple[int, int, int, torch.Tensor | None]  # query rows [start, end), keys they read, mask
 
 
@@ -113,12 +121,12 @@ def _points_into(params: list[torch.Tensor], fused: torch.Tensor) -> bool:
 class _Layer:
     in_norm: torch.Tensor
     post_norm: torch.Tensor
-    wqkv: torch.Tensor  # [(H + 2 KVH) D, hidden]
+    wqkv: Weight  # [(H + 2 KVH) D, hidden]
     bqkv: torch.Tensor | None
-    wo: torch.Tensor  # [hidden, H D]
+    wo: Weight  # [hidden, H D]
     bo: torch.Tensor | None
-    wgu: torch.Tensor  # [2 I, hidden]
-    wdown: torch.Tensor  # [hidden, I]
+    wgu: Weight  # [2 I, hidden]
+    wdown: Weight  # [hidden, I]
 
 
 class FusedLlamaRunner:
@@ -131,10 +139,23 @@ class FusedLlamaRunner:
         >>> rows = runner.decode_batch([t1, t2], [buf1, buf2])
     """
 
-    def __init__(self, model: Any, *, batch_invariant: bool = False, kv_codec: KVCodec | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        batch_invariant: bool = False,
+        weights: WeightsFormat = "float32",
+        tokenizer: Any = None,
+        kv_codec: KVCodec | None = None,
+    ) -> None:
         reason = fused_unsupported_reason(model)
         if reason:
             raise ValueError(f"FusedLlamaRunner cannot run this model: {reason}")
+        if weights not in WEIGHTS_FORMATS:
+            raise ValueError(f"weights must be one of {list(WEIGHTS_FORMATS)}, got {weights!r}")
+        if weights == "int8" and tokenizer is None:
+            raise ValueError("weights='int8' needs the model's tokenizer (its calibration reads text)")
+        self.weights = weights
         cfg = model.config
         self.model = model
         self.config = cfg
@@ -150,13 +171,24 @@ class FusedLlamaRunner:
         inner = model.model
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
-        self.lm_head = model.lm_head.weight
         self.rotary = inner.rotary_emb
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim**-0.5))
-        self.layers = [self._fuse(layer) for layer in inner.layers]
-        # prefill calls always run prefill_shapes' padded shapes, so reuse of cached KV is exact;
-        # decode only when batch_invariant (a 1-row GEMV is much faster than the padded GEMM)
-        self.row_padding = calibrate_row_padding(self.layers[0].wqkv)
+        self.lm_head: Weight
+        # int8: the float lm_head and final norm that rescore int8's best candidates exactly
+        self.exact_head: tuple[torch.Tensor, torch.Tensor] | None = None
+        if weights == "int8":
+            self.exact_head = (self.final_norm, model.lm_head.weight)
+            self.layers, self.final_norm, self.lm_head = self._int8(model, tokenizer)
+            self.row_padding: list[int] = []  # the int8 matmul is row-independent: nothing to pad
+        else:
+            self.layers = [self._fuse(layer) for layer in inner.layers]
+            self.lm_head = model.lm_head.weight
+            wqkv = self.layers[0].wqkv
+            assert isinstance(wqkv, torch.Tensor)
+            # prefill calls always run prefill_shapes' padded shapes, so reuse of cached KV is exact;
+            # decode only when batch_invariant (a 1-row GEMV is much faster than the padded GEMM)
+            self.row_padding = calibrate_row_padding(wqkv)
+        self.batch_invariant = batch_invariant
         self.decode_padding = self.row_padding if batch_invariant else []
         # batch_invariant decode attends in a prefill's shapes: its KV equals a prefill's
         self.decode_query_rows = (
@@ -186,11 +218,56 @@ class FusedLlamaRunner:
             wdown=m.down_proj.weight,
         )
 
+    def _int8(self, model: Any, tokenizer: Any) -> tuple[list[_Layer], torch.Tensor, Int8Weight]:
+        """Layers, final norm and lm_head over the model's int8 copy (engine.quant_model), whose norm
+        weights carry its smoothing; the model itself is only read."""
+        int8 = int8_model(model, tokenizer)
+        layers = []
+        for layer, q in zip(model.model.layers, int8.layers):
+            a = layer.self_attn
+            bias = None
+            if a.q_proj.bias is not None:
+                bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
+            norms = {"in_norm": q.in_norm.to(self.dtype), "post_norm": q.post_norm.to(self.dtype)}
+            bo = None if a.o_proj.bias is None else a.o_proj.bias.detach()
+            layers.append(_Layer(**norms, wqkv=q.qkv, bqkv=bias, wo=q.o, bo=bo, wgu=q.gate_up, wdown=q.down))
+        return layers, int8.final_norm.to(self.dtype), int8.lm_head
+
     def new_buffer(self, capacity: int) -> KVBuffer:
         # room for a prefill's key padding
         return KVBuffer(self.num_layers, aligned_keys(capacity), self.kv_codec)
 
+    def weight_bytes(self) -> int:
+        """Bytes of the weights this runner computes with (embedding, norms, Linears, lm_head)."""
+        tensors: dict[int, int] = {}
+        held = [self.embed, self.final_norm, self.lm_head, *(self.exact_head or ())]
+        for layer in self.layers:
+            held += [
+                layer.in_norm,
+                layer.post_norm,
+                layer.wqkv,
+                layer.bqkv,
+                layer.wo,
+                layer.bo,
+                layer.wgu,
+                layer.wdown,
+            ]
+        int8 = 0
+        for w in held:
+            if isinstance(w, Int8Weight):
+                int8 += w.nbytes
+            elif w is not None:  # shared storage (a tied lm_head) counts once
+                tensors[w.untyped_storage().data_ptr()] = w.untyped_storage().nbytes()
+        return int8 + sum(tensors.values())
+
     # ---- building blocks --------------------------------------------------------------------
+    @staticmethod
+    def _linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        # every projection and the lm_head go through here: x [T, in] -> [T, out]
+        if isinstance(weight, Int8Weight):
+            return int8_linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -205,7 +282,7 @@ class FusedLlamaRunner:
         self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         # x: [T, hidden] -> q [T, H, D], k/v [T, KVH, D] (rope applied to q and k)
-        qkv = F.linear(self._norm(x, layer.in_norm), layer.wqkv, layer.bqkv)
+        qkv = self._linear(self._norm(x, layer.in_norm), layer.wqkv, layer.bqkv)
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         q, k, v = qkv.split((h * d, kvh * d, kvh * d), dim=-1)
         q = self._rope(q.view(-1, h, d), cos, sin)
@@ -213,8 +290,8 @@ class FusedLlamaRunner:
         return q, k, v.view(-1, kvh, d)
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(self._norm(x, layer.post_norm), layer.wgu).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.wdown)
+        gate, up = self._linear(self._norm(x, layer.post_norm), layer.wgu).chunk(2, dim=-1)
+        return self._linear(F.silu(gate) * up, layer.wdown)
 
     def _attend(
         self,
@@ -293,7 +370,11 @@ class FusedLlamaRunner:
         return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])])
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self._norm(x, self.final_norm), self.lm_head).float()
+        logits = self._linear(self._norm(x, self.final_norm), self.lm_head).float()
+        if self.exact_head is not None:
+            norm, head = self.exact_head
+            logits = rescore_top(logits, self._norm(x, norm), head)
+        return logits
 
     # ---- forward passes ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -328,7 +409,7 @@ class FusedLlamaRunner:
             attn = self._attend_spans(
                 q, k_store[i, :, :, :keys_end], v_store[i, :, :, :keys_end], past, spans
             )
-            x = x + F.linear(attn, layer.wo, layer.bo)
+            x = x + self._linear(attn, layer.wo, layer.bo)
             x = x + self._mlp(layer, x)
         buffer.set_length(past + s)
         return self._logits(self._pad_rows(x[s - 1 : s], self._rows(1)))[0]
@@ -347,7 +428,7 @@ class FusedLlamaRunner:
         query block over aligned keys), so its KV is the same bits a prefill would write.
         """
         pasts = [b.length for b in buffers]
-        exact = bool(self.decode_padding)
+        exact = self.batch_invariant
         ends = [aligned_keys(p + 1) if exact else p + 1 for p in pasts]  # keys each attention reads
         for b, p, end in zip(buffers, pasts, ends):
             if p + 1 > self.max_context:
@@ -376,8 +457,19 @@ class FusedLlamaRunner:
                 qj = self._pad_rows(q[j : j + 1], rows)  # [rows, H, D]
                 attn = self._attend(qj, k_store[i, :, :, :end], v_store[i, :, :, :end], p, masks[j])
                 outs.append(attn[:1])
-            x = x + F.linear(self._pad_rows(torch.cat(outs), len(ids)), layer.wo, layer.bo)
+            x = x + self._linear(self._pad_rows(torch.cat(outs), len(ids)), layer.wo, layer.bo)
             x = x + self._mlp(layer, x)
         for b, p in zip(buffers, pasts):
             b.set_length(p + 1)
         return list(self._logits(x)[:batch])
+
+
+def drop_float_linears(model: Any) -> None:
+    """Free the float weights of every projection once an int8 runner holds copies: the model can no
+    longer run its own forward. The embedding, the norms and the lm_head (read to rescore) stay."""
+    modules = []
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        modules += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+    for module in modules:
+        module.weight = torch.nn.Parameter(module.weight.new_empty(0), requires_grad=False)

@@ -18,6 +18,10 @@ console = Console()
 
 INDEX_HELP = "index directory (default: $PREFIXRAG_HOME/indexes/default)"
 COLLECTION_HELP = "the collection to add to (default: 'default'); e.g. 'shared', which every tenant reads"
+# what `serve` and `demo` run when neither --weights nor PREFIXRAG_ENGINE__WEIGHTS says (the library's
+# own default, EngineConfig.weights, stays float32)
+APP_WEIGHTS = "float32"
+WEIGHTS_HELP = "Linear weights: float32, or int8 (quantized once, cached; approximate, fused runner only)"
 
 
 def _quiet_libraries() -> None:
@@ -145,13 +149,21 @@ def demo(
         None, "--topics", min=1, help="index only the reference's first N topics (default: all 79)"
     ),
     questions: int = typer.Option(None, "--questions", min=1, help="ask only the first N demo questions"),
+    weights: str = typer.Option(APP_WEIGHTS, "--weights", help=WEIGHTS_HELP),
 ) -> None:
     """Ingest the bundled Python reference, ask questions twice, show cold vs warm TTFT and cache hits."""
+    from pydantic import ValidationError
+
     from engine.config import EngineConfig
     from rag.config import RAGConfig
     from rag.demo import DEMO_QUESTIONS, default_demo_index, run_demo
 
-    config = RAGConfig(max_tokens=max_tokens, engine=EngineConfig(model=model))
+    try:
+        engine = EngineConfig(model=model, weights=weights)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        console.print(f"[red]invalid settings:[/] {exc}")
+        raise typer.Exit(2) from exc
+    config = RAGConfig(max_tokens=max_tokens, engine=engine)
     run_demo(console, config, index or default_demo_index(), DEMO_QUESTIONS[:questions], topics=topics)
 
 
@@ -165,6 +177,9 @@ def serve(
         help="index directory, loaded and saved (env PREFIXRAG_INDEX_DIR; default: the one `ingest` uses)",
     ),
     model: str = typer.Option(None, help="registry name or HF model dir (env PREFIXRAG_ENGINE__MODEL)"),
+    weights: str = typer.Option(
+        None, "--weights", help=f"{WEIGHTS_HELP} (env PREFIXRAG_ENGINE__WEIGHTS; default {APP_WEIGHTS})"
+    ),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     """Serve the HTTP API (OpenAI-compatible routes, /v1/ask, documents, metrics) and the web page."""
@@ -174,8 +189,10 @@ def serve(
     from rag.api.settings import Settings
 
     overrides: dict[str, Any] = {"host": host, "port": port, "index_dir": index}
-    if model:
-        overrides["engine"] = {"model": model}  # merged into PREFIXRAG_ENGINE__* values
+    engine: dict[str, Any] = {"model": model} if model else {}  # merged into PREFIXRAG_ENGINE__* values
+    weights = weights or os.environ.get("PREFIXRAG_ENGINE__WEIGHTS") or APP_WEIGHTS
+    engine["weights"] = weights
+    overrides["engine"] = engine
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
         if settings.index_dir is None:  # serve what `prefixrag ingest` wrote
@@ -188,7 +205,8 @@ def serve(
     settings = settings.with_disk_cache_default()
     disk = settings.engine.disk_cache_dir
     console.print(
-        f"serving [bold]{settings.engine.model}[/] on http://{settings.host}:{settings.port} (index {settings.index_dir}; "
+        f"serving [bold]{settings.engine.model}[/] ({settings.engine.weights} weights) on "
+        f"http://{settings.host}:{settings.port} (index {settings.index_dir}; "
         f"disk KV tier {disk if disk is not None else 'off'})"
     )
     run_server(settings, log_level=log_level)
@@ -356,6 +374,9 @@ def bench(
     kv_section: bool = typer.Option(
         True, "--kv-section/--no-kv-section", help="KV storage formats and the disk tier"
     ),
+    weights_section: bool = typer.Option(
+        True, "--weights-section/--no-weights-section", help="int8 vs float32 vs llama.cpp, int8 fidelity"
+    ),
     report_only: bool = typer.Option(
         False, "--report-only", help="redraw plots and report.md from OUT/results.json; measure nothing"
     ),
@@ -378,6 +399,7 @@ def bench(
         engine_section=engine_section,
         radix_section=radix_section,
         kv_section=kv_section,
+        weights_section=weights_section,
     )
 
 

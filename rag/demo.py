@@ -74,7 +74,9 @@ def run_demo(
             f"[bold]{sum(warm) / len(warm):.0f} ms[/] on average ({cold / (sum(warm) / len(warm)):.0f}x faster)\n"
             f"prefix-cache token hit rate {100 * cache.get('hit_rate', 0.0):.0f}%, "
             f"{cache.get('cached_tokens', 0):,} tokens held in {cache.get('used_bytes', 0) / 2**20:.0f} MiB "
-            f"({kv.get('bytes_per_token', 0):,} bytes per token, {kv.get('kv_dtype', '?')} KV)",
+            f"({kv.get('bytes_per_token', 0):,} bytes per token, {kv.get('kv_dtype', '?')} KV)\n"
+            f"{stats.get('weights', config.engine.weights)} weights, "
+            f"{stats.get('weight_bytes', 0) / 2**20:.0f} MiB in memory",
             title="prefix cache",
         )
     )

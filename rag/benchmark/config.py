@@ -78,6 +78,14 @@ class BenchConfig(BaseModel):
     kv_fidelity_tokens: int = Field(default=16, ge=1)
     kv_break_even_lengths: tuple[int, ...] = (64, 256, 1024)
     kv_zero_hit_requests: int = Field(default=6, ge=2)
+    weights_section: bool = Field(
+        default=True, description="int8 vs float32 weights vs llama.cpp, side by side, and int8's fidelity"
+    )
+    weights_repeats: int = Field(default=5, ge=1, description="interleaved rounds of the weights section")
+    weights_answer_tokens: int = Field(default=64, ge=2, description="tokens of the timed whole answer")
+    fidelity_prompts: int = Field(default=11, ge=1, description="prompts int8 is compared with float32 on")
+    fidelity_answer_tokens: int = Field(default=32, ge=1, description="greedy tokens compared per prompt")
+    fidelity_corpus_tokens: int = Field(default=1024, ge=2, description="corpus tokens for perplexity")
     radix_section: bool = True
     radix_requests: int = Field(default=2000, ge=10)
     radix_levels: tuple[int, ...] = (10_000, 100_000)
@@ -115,6 +123,9 @@ class BenchConfig(BaseModel):
             "engine_decode_tokens": 16,
             "engine_batch_sizes": (1, 4),
             "engine_decode_repeats": 1,
+            "weights_repeats": 2,
+            "fidelity_prompts": 3,
+            "fidelity_corpus_tokens": 256,
             "radix_requests": 300,
             "kv_repeats": 1,
             "kv_disk_dtypes": ("float32", "int8"),

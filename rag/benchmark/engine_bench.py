@@ -147,7 +147,7 @@ def run_engine_bench(
         runs = decode_repeats if decode_repeats is not None else max(2, repeats // 2)
         out["decode"] = _decode_bench(cached, loaded.model, tok, prompts[0], decode_tokens, runs)
         say("batched decode")
-        out["batched_decode"] = _batched_decode(cached, prompts, decode_tokens, batch_sizes)
+        out["batched_decode"] = batched_decode(cached, prompts, decode_tokens, batch_sizes)
         if compare_bfloat16 and dtype == "float32":
             say("float32 vs bfloat16")
             out["dtypes"] = compare_dtypes(model, (cached, off), prompts, repeats, decode_tokens)
@@ -218,7 +218,7 @@ def _decode_bench(engine: Engine, model: Any, tok: Any, prompt: Any, n: int, rep
     }
 
 
-def _batched_decode(engine: Engine, prompts: list[Any], n: int, batch_sizes: Sequence[int]) -> dict[str, Any]:
+def batched_decode(engine: Engine, prompts: list[Any], n: int, batch_sizes: Sequence[int]) -> dict[str, Any]:
     """Aggregate decode throughput with B concurrent requests (the fused runner batches them)."""
     import threading
 

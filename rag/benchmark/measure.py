@@ -161,7 +161,7 @@ def measure_stream(
                 turns.append((into, partial(_time_baseline, hf.ttft, into, i, prompts[0])))
             if llama is not None:
                 into = runs[LLAMA_CPP]
-                turns.append((into, partial(_time_baseline, llama.ttft, into, i, prompts[0])))
+                turns.append((into, partial(_time_llama_cpp, llama, into, i, prompts[0])))
             for place, (measured, run) in enumerate(rotated(turns, i)):
                 run()
                 measured.places.append(place)
@@ -228,3 +228,8 @@ def _time_engine(engine: Engine, into: Measurement, i: int, ids: list[int], name
 
 def _time_baseline(ttft: Callable[[list[int]], float], into: Measurement, i: int, ids: list[int]) -> None:
     into.add(i, ttft(ids), ids, 0, {})
+
+
+def _time_llama_cpp(llama: LlamaCppBaseline, into: Measurement, i: int, ids: list[int]) -> None:
+    first = llama.first_token(ids)  # its own cached tokens: the prompt tokens llama.cpp did not evaluate
+    into.add(i, first.ttft_s, ids, first.cached_tokens, {})

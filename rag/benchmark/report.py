@@ -16,6 +16,7 @@ from typing import Any
 
 from rag.benchmark.measure import OFF, TRANSFORMERS
 from rag.benchmark.plots import PLOTS, draw_all
+from rag.benchmark.weights_report import weights_markdown
 
 ENGINE_TITLE = "Engine: cold vs warm TTFT, 0%-hit overhead, decode"
 RADIX_TITLE = "Radix tree alone: match and insert cost"
@@ -91,8 +92,8 @@ def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "ttft_mean_s": ttft["mean"],
                 "ttft_p50_s": ttft["p50"],
                 "ttft_p95_s": ttft["p95"],
-                "tpot_ms": 1000 * m["tpot_s"],
-                "throughput_tok_s": m["throughput_tok_s"],
+                "tpot_ms": _ms(m["tpot_s"]),
+                "throughput_tok_s": m["throughput_tok_s"] if m["throughput_tok_s"] is not None else "",
                 "speedup_vs_off": m["speedup_vs_off_mean"],
             }
         )
@@ -128,6 +129,7 @@ def render_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         _skews(results),
         _plots(plots),
         _engine_section(results),
+        weights_markdown(results),
         _radix_section(results),
         _kv_section(results),
         _method(results),
@@ -261,7 +263,7 @@ def _measured(res: dict[str, Any]) -> str:
             f"| {name} | {m['requests']} | {100 * m['token_hit_rate']:.1f}% | {same} | {t['mean']:.2f} s | "
             f"{t['p50']:.2f} s | {t['p95']:.2f} s | {modelled} | "
             f"{_ratio(m['speedup_vs_off_mean'])} / {_ratio(m['speedup_vs_off_p50'])} ({m['vs_off']['requests']}) | "
-            f"{1000 * m['tpot_s']:.0f} ms | {m['throughput_tok_s']:.1f} |"
+            f"{_ms_cell(m['tpot_s'])} | {_num_cell(m['throughput_tok_s'])} |"
         )
     tp = res["tpot"]
     off, hf = res["measured"][OFF], res["measured"][TRANSFORMERS]
@@ -276,11 +278,17 @@ def _measured(res: dict[str, Any]) -> str:
         f"\\* tokens/s: one request at a time with {res['config']['answer_tokens']}-token answers, "
         f"= answer / (TTFT mean + (answer - 1) x TPOT). TPOT measured apart ({tp['source']}): "
         f"engine {1000 * tp['engine']['p50']:.0f} ms/token, "
-        f"transformers generate {1000 * tp['transformers']['p50']:.0f} ms/token. Caching off ran on "
-        f"{off['requests']} requests spread evenly over the stream and transformers generate on {hf_runs} (their "
-        "TTFT does not depend on earlier requests); each configuration's mean and percentiles are over the "
-        "requests it ran, and every ratio against caching off is taken on the requests both ran (their "
-        "number in brackets).",
+        f"transformers generate {1000 * tp['transformers']['p50']:.0f} ms/token"
+        + (
+            f", llama.cpp {1000 * tp['llama.cpp']['p50']:.0f} ms/token (its own decode, from the weights section)"
+            if "llama.cpp" in tp
+            else ""
+        )
+        + f". Caching off ran on {off['requests']} requests spread evenly over the stream and transformers "
+        f"generate on {hf_runs} (their TTFT does not depend on earlier requests); each configuration's mean "
+        "and percentiles are over the requests it ran, and every ratio against caching off is taken on the "
+        "requests both ran (their number in brackets). Each row's hit rate, TPOT and tokens/s are that "
+        "system's own; an empty cell was not measured.",
         "",
         f"llama.cpp baseline: {res['baselines']['llama_cpp']['note']}.",
     ]
@@ -609,6 +617,18 @@ def _s(seconds: float | None) -> str:
     if seconds is None or math.isnan(seconds):
         return "n/a"
     return f"{seconds:.2f} s"
+
+
+def _ms(seconds: float | None) -> Any:
+    return 1000 * seconds if seconds is not None else ""
+
+
+def _ms_cell(seconds: float | None) -> str:
+    return f"{1000 * seconds:.0f} ms" if seconds is not None else ""
+
+
+def _num_cell(v: float | None) -> str:
+    return f"{v:.1f}" if v is not None else ""
 
 
 def _us(s: dict[str, float]) -> str:

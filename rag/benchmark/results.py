@@ -108,7 +108,7 @@ def measured_rows(
     runs: Mapping[str, Measurement],
     sweep: SweepResult,
     fit: LineFit,
-    tpot: Mapping[str, float],
+    tpot: Mapping[str, float | None],
     answer_tokens: int,
     first_of_topic: Sequence[bool],
 ) -> dict[str, dict[str, Any]]:
@@ -118,7 +118,7 @@ def measured_rows(
     for name, m in runs.items():
         s = m.summary()
         ttft = s["ttft_s"]
-        step = tpot["transformers"] if m.kind == "transformers" else tpot["engine"]
+        step = tpot.get(m.kind if m.kind in ("transformers", "llama.cpp") else "engine")
         vs_off = paired_speedup(m, runs[OFF])
         row: dict[str, Any] = {
             "kind": m.kind,
@@ -128,8 +128,8 @@ def measured_rows(
             "ttft_s": ttft,
             "token_hit_rate": s["token_hit_rate"],
             "prompt_tokens_mean": s["prompt_tokens_mean"],
-            "tpot_s": step,
-            "throughput_tok_s": throughput(ttft["mean"], step, answer_tokens),
+            "tpot_s": step,  # None: this system's own TPOT was not measured
+            "throughput_tok_s": throughput(ttft["mean"], step, answer_tokens) if step is not None else None,
             "vs_off": vs_off,
             "speedup_vs_off_mean": vs_off["speedup_mean"],
             "speedup_vs_off_p50": vs_off["speedup_p50"],

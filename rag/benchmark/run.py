@@ -108,8 +108,13 @@ def run_benchmark(
             )
         engine_section = _engine_section(config, clock, step)
         gc.collect()  # the measured engines' caches (GBs) before the sections allocate theirs
+        weights_section = _weights_section(config, clock, step, loaded, llama_ok)
+        gc.collect()
         with clock("tpot"):
             tpot = _tpot(config, loaded, reference, engine_section)
+            if weights_section and "llama.cpp" in weights_section["systems"]:  # llama.cpp's own decode
+                llama_ms = weights_section["systems"]["llama.cpp"]["decode_ms_per_token"]
+                tpot["llama.cpp"] = summarize([llama_ms / 1000])
             step("time per output token")
         radix_section = _radix_section(config, clock, step, bpt)
         kv_section = _kv_section(config, clock, step, loaded, sweep.working_set_bytes[config.skew] // bpt)
@@ -117,6 +122,7 @@ def run_benchmark(
         config, workloads, sweep, runs, tpot, kb, sim, bpt, (llama_ok, llama_note), steady
     )
     results["engine_section"] = engine_section
+    results["weights_section"] = weights_section
     results["radix_section"] = radix_section
     results["kv_section"] = kv_section
     results["meta"] = _meta(command, time.perf_counter() - started)
@@ -143,6 +149,8 @@ def assemble_results(
     fit = ttft_fit(runs)
     steady = steady_state(steady_replay, fit, config.requests) if steady_replay else None
     step = {"engine": tpot["engine"]["p50"], "transformers": tpot["transformers"]["p50"]}
+    if "llama.cpp" in tpot:
+        step["llama.cpp"] = tpot["llama.cpp"]["p50"]
     main = workloads[config.skew]
     novelty = first_of_topic(main)
     measured = measured_rows(runs, sweep, fit, step, config.answer_tokens, novelty)
@@ -255,6 +263,29 @@ def _engine_section(config: BenchConfig, clock: _Clock, step: Step) -> dict[str,
     return out
 
 
+def _weights_section(
+    config: BenchConfig, clock: _Clock, step: Step, loaded: LoadedModel, llama_cpp: bool
+) -> dict[str, Any] | None:
+    if not config.weights_section:
+        return None
+    from rag.benchmark.weights_bench import run_weights_bench
+
+    with clock("weights section"):
+        return run_weights_bench(
+            loaded,
+            repeats=config.weights_repeats,
+            context_tokens=config.engine_context_tokens,
+            decode_tokens=config.engine_decode_tokens,
+            answer_tokens=config.weights_answer_tokens,
+            batch_sizes=config.engine_batch_sizes,
+            llama_cpp=llama_cpp,
+            fidelity_prompts=config.fidelity_prompts,
+            fidelity_answer_tokens=config.fidelity_answer_tokens,
+            fidelity_corpus_tokens=config.fidelity_corpus_tokens,
+            progress=step,
+        )
+
+
 def _radix_section(
     config: BenchConfig, clock: _Clock, step: Step, bytes_per_token: int
 ) -> dict[str, Any] | None:
@@ -318,9 +349,10 @@ def _max_context(loaded: LoadedModel) -> int:
 def _total_steps(config: BenchConfig) -> int:
     sweep = len(config.sweep_skews) * len(config.orders) * len(config.evictions) * len(config.capacities)
     engine = 3 + config.engine_repeats + int(config.engine_bfloat16) if config.engine_section else 0
+    weights = config.weights_repeats + 4 + config.fidelity_prompts if config.weights_section else 0
     steady = int(config.steady_factor > 1)
     kv = 3 + len(config.kv_disk_dtypes) if config.kv_section else 0
-    return 2 + sweep + steady + config.requests + 1 + engine + int(config.radix_section) + kv
+    return 2 + sweep + steady + config.requests + 1 + engine + weights + int(config.radix_section) + kv
 
 
 @contextmanager

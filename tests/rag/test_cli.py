@@ -67,3 +67,17 @@ def test_demo_command(user, home):
     prompt, cached = (int(cell) for cell in again.split("│")[3:5])
     assert cached == prompt - 1  # the repeated question reuses all but its last token
     assert "prefix cache" in shown.output and "faster" in shown.output
+
+
+@pytest.mark.parametrize("command", ["demo", "serve"])
+def test_an_unknown_weights_format_is_a_clear_error(command, tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFIXRAG_HOME", str(tmp_path))
+    result = CliRunner().invoke(app, [command, "--weights", "int4"], terminal_width=200)
+    assert result.exit_code == 2
+    assert "invalid settings" in result.output and "'float32' or 'int8'" in result.output
+
+
+def test_weights_option_is_documented():
+    for command in ("demo", "serve"):
+        result = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
+        assert result.exit_code == 0 and "--weights" in result.output and "int8" in result.output

@@ -13,7 +13,17 @@ from rag.benchmark.cli import parse_skews
 from rag.benchmark.config import BenchConfig
 from rag.cli import app
 
-DOCTESTED = ["oracle", "stats", "workload", "simulate", "measure", "results", "cli", "config"]
+DOCTESTED = [
+    "oracle",
+    "stats",
+    "workload",
+    "simulate",
+    "measure",
+    "results",
+    "cli",
+    "config",
+    "weights_report",
+]
 
 
 @pytest.mark.parametrize("name", DOCTESTED)

@@ -43,6 +43,11 @@ TINY = BenchConfig.quick_run(
     kv_fidelity_tokens=3,
     kv_break_even_lengths=(64, 128),
     kv_zero_hit_requests=2,
+    weights_repeats=1,
+    weights_answer_tokens=4,
+    fidelity_prompts=2,
+    fidelity_answer_tokens=4,
+    fidelity_corpus_tokens=64,
 )
 
 
@@ -72,6 +77,7 @@ def test_report_embeds_every_plot_and_states_the_figures(run):
         "## Headline",
         "## Targets",
         f"## {ENGINE_TITLE}",
+        "## int8 weights",
         f"## {RADIX_TITLE}",
         "## KV tiers",
         "## Method",
@@ -226,3 +232,31 @@ def test_kv_tiers_section(run):
     assert kv["zero_hit"]["written_mb"] > 0
     assert kv["working_set"]["tokens"] > 0
     assert kv["targets"] and all(isinstance(t["met"], bool) for t in kv["targets"])
+
+
+def test_weights_section_compares_int8_float32_and_llama_cpp(run):
+    out, results = run
+    sec = results["weights_section"]
+    systems = sec["systems"]
+    assert {"float32", "int8"} <= set(systems) and ("llama.cpp" in systems) == results["baselines"][
+        "llama_cpp"
+    ]["available"]
+    for name, s in systems.items():
+        assert s["cold_ttft_s"] > 0 and s["warm_ttft_s"] > 0 and s["decode_ms_per_token"] > 0, name
+        assert s["answer_tokens"] == TINY.weights_answer_tokens and s["cold_cached_tokens"] == 0, name
+        assert s["warm_cached_tokens"] > 0, name  # the shared context was reused, by each system's own count
+        assert s["kv_bytes_per_cached_prompt"] > 0 and s["weight_bytes"] > 0, name
+    assert set(systems["int8"]["batched_decode"]) == {"1", "2"} and "batched_decode" not in systems.get(
+        "llama.cpp", {}
+    )
+    assert systems["int8"]["weight_bytes"] < systems["float32"]["weight_bytes"]
+    fid = sec["fidelity"]
+    assert fid["prompts"] == 2 and fid["float32"]["perplexity"] > 1
+    for name in ("int8", "bfloat16"):
+        assert 0 <= fid[name]["greedy_agreement"] <= 1 and 0 <= fid[name]["kl_mean"] <= fid[name]["kl_max"]
+        assert (
+            0 <= fid[name]["agreed_tokens_mean"] <= TINY.fidelity_answer_tokens
+            and fid[name]["perplexity"] > 1
+        )
+    report = (out / "report.md").read_text()
+    assert "| issue 16 target |" in report and "| int8 |" in report and "| bfloat16 |" in report

@@ -3,8 +3,7 @@ logits, bit for bit, as the same prompt computed from scratch, wherever the pref
 the 64-token cache block boundary and the prefill chunk boundary) and however long the suffix is.
 
 int8's matmul is row-independent by construction (engine.quant); attention's rounding also depends on
-a call's query and key counts, which engine.prefill_shapes pins down. Without that module (merged from
-the float32 exactness work) these checks cannot hold, so they are skipped, not weakened.
+a call's query and key counts, which engine.prefill_shapes pins down.
 """
 
 import pytest
@@ -12,10 +11,6 @@ import torch
 
 from engine.fused import FusedLlamaRunner
 from engine.kv import BLOCK_TOKENS
-
-pytest.importorskip(
-    "engine.prefill_shapes", reason="exact attention shapes (engine.prefill_shapes) not merged"
-)
 
 CHUNK = 256  # prefill chunk in this test, so ~600-token prompts cross chunk boundaries
 CASES = [  # (cached prefix tokens, suffix tokens)

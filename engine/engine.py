@@ -3,7 +3,8 @@
 A request's life, top to bottom:
   submit ─► Scheduler (longest cached prefix first, with aging)
          ─► _start:   match (capped at len-1) ─► lock ─► load cached KV ─► prefill the suffix
-                      ─► insert the prompt's KV ─► first token (TTFT)
+                      (chunks mode: the exact part, then the stitched chunks, engine.stitcher)
+                      ─► first token (TTFT) ─► insert the prompt's exact KV
          ─► _advance: one decode step per running request per engine step (batched when the runner can)
          ─► _finish:  insert prompt+completion KV (the next turn hits) ─► unlock ─► final event
 """
@@ -21,6 +22,7 @@ import torch
 
 from engine.block_pool import KVBlockPool
 from engine.buffer_pool import BufferPool
+from engine.chunk_sources import RequestCancelled
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
 from engine.encoding import Prompt, encode_prompt
@@ -28,6 +30,7 @@ from engine.fused import FusedLlamaRunner, fused_unsupported_reason
 from engine.kv import BLOCK_TOKENS, KVBuffer
 from engine.memory import trim_heap
 from engine.models import DEFAULT_MODEL, load_model
+from engine.reuse import ChunkReuse, chunks_unsupported_reason, resolve_reuse
 from engine.request import (
     EngineError,
     GenerationResult,
@@ -40,6 +43,8 @@ from engine.request import (
 from engine.runner import ModelRunner, prefix_reuse_blocker
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler
+from engine.stitch_plan import check_spans, plan_stitch
+from engine.stitcher import ChunkStitcher, Stitched
 from prefix_cache import RadixCache
 
 log = logging.getLogger(__name__)
@@ -82,6 +87,15 @@ class Engine:
         slab = self.config.kv_slab_bytes
         self.kv_blocks = KVBlockPool(BLOCK_TOKENS, slab) if slab else None
         self.scheduler = Scheduler(self._probe, self.config.max_waiting, self.config.aging_rate)
+        self.chunks_blocker = chunks_unsupported_reason(self.runner, self.caching)
+        if self.config.reuse == "chunks" and self.chunks_blocker:
+            log.warning("reuse='chunks' falls back to 'prefix' for %s: %s", model_id, self.chunks_blocker)
+        self.stitcher = (
+            ChunkStitcher(self.cache, self.runner, self.buffers)
+            if self.chunks_blocker is None and isinstance(self.runner, FusedLlamaRunner)
+            else None
+        )
+        self._chunks_fallback_logged = False
         self._running: list[Request] = []
         self._wakeup = threading.Condition()
         self._stopping = False
@@ -94,6 +108,10 @@ class Engine:
             "prompt_tokens": 0,
             "cached_tokens": 0,
             "completion_tokens": 0,
+            "stitched_requests": 0,
+            "stitched_tokens": 0,
+            "recomputed_tokens": 0,
+            "chunk_prefill_tokens": 0,
             "prefill_s": 0.0,
             "decode_s": 0.0,
         }
@@ -134,21 +152,49 @@ class Engine:
         return encode_prompt(self.tokenizer, prompt, self.runner.vocab_size)
 
     def generate(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        namespace: str = "",
+        reuse: str | ChunkReuse | None = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
     ) -> GenerationResult:
         """Run one request to completion (thread-safe; concurrent calls are scheduled together)."""
-        return final_result(self.stream(prompt, params, namespace=namespace))
+        return final_result(
+            self.stream(prompt, params, namespace=namespace, reuse=reuse, chunk_spans=chunk_spans)
+        )
 
     def stream(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = ""
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        namespace: str = "",
+        reuse: str | ChunkReuse | None = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
     ) -> RequestStream:
         """Yield text deltas as they are decoded. ``close()`` or ``cancel()`` on the returned stream
         (from any thread, started or not) cancels the request and releases its cache lock."""
-        request = self.submit(prompt, params, namespace=namespace)
+        request = self.submit(prompt, params, namespace=namespace, reuse=reuse, chunk_spans=chunk_spans)
         return RequestStream(request, self._cancel)
 
-    def submit(self, prompt: Prompt, params: SamplingParams | None = None, *, namespace: str = "") -> Request:
-        """Validate and enqueue a request; consume ``request.events`` (or use stream/generate)."""
+    def submit(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        namespace: str = "",
+        reuse: str | ChunkReuse | None = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
+    ) -> Request:
+        """Validate and enqueue a request; consume ``request.events`` (or use stream/generate).
+
+        ``reuse``: None (the engine's ``config.reuse``), ``"prefix"``, ``"chunks"`` or a ``ChunkReuse``.
+        ``chunk_spans``: ``(start, end)`` token ranges of the retrieved chunks in the prompt (ascending);
+        the tokens before the first span are the prefix every chunk is cached after. Without spans,
+        chunks mode has nothing to stitch and serves the request as prefix mode does.
+        """
         params = params or SamplingParams()
         ids = self.encode(prompt)
         if not ids:
@@ -157,12 +203,15 @@ class Engine:
             raise ValueError(f"prompt has {len(ids)} tokens; the model's context is {self.max_context}")
         if not isinstance(namespace, str):
             raise ValueError(f"namespace must be a string, got {type(namespace).__name__}")
+        spans = check_spans(chunk_spans or (), len(ids))
         request = Request(
             prompt_ids=ids,
             params=params,
             namespace=self._namespace(namespace),
             detok=Detokenizer(self.tokenizer, params.stop),
             eos_ids=frozenset() if params.ignore_eos else self.eos_ids | frozenset(params.stop_token_ids),
+            chunk_reuse=self._chunk_reuse(reuse),
+            chunk_spans=spans,
         )
         self._ensure_worker()
         with self._wakeup:
@@ -174,6 +223,17 @@ class Engine:
             self._counters["requests"] += 1
             self._wakeup.notify()
         return request
+
+    def _chunk_reuse(self, reuse: str | ChunkReuse | None) -> ChunkReuse | None:
+        """A request's chunk settings (None: prefix mode); chunks mode falls back where unsupported."""
+        default = self.config.chunk_reuse() if self.config.reuse == "chunks" else None
+        policy = resolve_reuse(reuse, default)
+        if policy is not None and self.chunks_blocker is not None:
+            if not self._chunks_fallback_logged:
+                log.warning("reuse='chunks' served as 'prefix' on %s: %s", self.model_id, self.chunks_blocker)
+                self._chunks_fallback_logged = True
+            return None
+        return policy
 
     def cache_stats(self, namespace: str | None = None) -> Any:
         """The prefix cache's CacheStats, for one tenant namespace or (None) all of them."""
@@ -275,13 +335,16 @@ class Engine:
         req.buffer = self.buffers.take(self.runner.new_buffer, len(ids) + min(req.max_new_tokens, 512))
         req.cached_tokens = req.buffer.load_prefix(match.values)
         clock = req.phase("load", clock)
-        suffix = ids[match.length :]
-        step = self.config.prefill_chunk_tokens
-        for start in range(0, len(suffix), step):  # chunks: a cancelled request stops between them
-            if req.cancelled.is_set():
-                self._finish(req, "cancelled")
-                return
-            logits = self.runner.prefill(suffix[start : start + step], req.buffer)
+        plan = plan_stitch(len(ids), req.chunk_spans, match.length) if req.chunk_reuse else None
+        logits = self._prefill(req, ids[match.length : plan.exact_end if plan else len(ids)])
+        stitched = None
+        if plan is not None and not req.cancelled.is_set():
+            req.exact_end = plan.exact_end
+            stitched = self._stitch(req, plan)
+            logits = stitched.logits if stitched is not None else None
+        if req.cancelled.is_set() or logits is None:
+            self._finish(req, "cancelled")
+            return
         req.phase("prefill", clock)
         req.prefill_s = time.perf_counter() - req.started
         self._counters["prefill_s"] += req.prefill_s
@@ -290,14 +353,57 @@ class Engine:
         # the copy still lands before the next request is matched. A request done at once (one token,
         # EOS) is inserted by _finish.
         self._emit(req, self._sample(req, logits))
+        if stitched is not None:
+            self._insert_placements(req, stitched)
         if not req.done.is_set():
             self._insert(req, len(ids))
             self._running.append(req)
+
+    def _prefill(self, req: Request, tokens: list[int]) -> torch.Tensor | None:
+        """Prefill ``tokens`` after what the buffer holds, in chunks (a cancelled request stops between
+        them: None); the last position's logits (None for no tokens)."""
+        logits = None
+        step = self.config.prefill_chunk_tokens
+        for start in range(0, len(tokens), step):
+            if req.cancelled.is_set():
+                return None
+            assert req.buffer is not None
+            logits = self.runner.prefill(tokens[start : start + step], req.buffer)
+        return logits
+
+    def _stitch(self, req: Request, plan: Any) -> Stitched | None:
+        """The chunks-mode rest of the prompt after its exact part (None: cancelled meanwhile)."""
+        assert self.stitcher is not None and req.buffer is not None and req.chunk_reuse is not None
+        try:
+            stitched = self.stitcher.stitch(
+                req.buffer, req.prompt_ids, req.chunk_spans, plan, req.chunk_reuse, req.namespace, req.cancelled
+            )
+        except RequestCancelled:
+            return None
+        req.phases.update(stitched.phases)
+        req.stitched_tokens = stitched.stitched_tokens
+        req.recomputed_tokens = stitched.recomputed_tokens
+        self._counters["stitched_requests"] += 1
+        self._counters["chunk_prefill_tokens"] += stitched.prefilled_tokens
+        return stitched
+
+    def _insert_placements(self, req: Request, stitched: Stitched) -> None:
+        """Cache the chunk placements computed for this request (exact KV of ``anchor + chunk``)."""
+        clock = time.perf_counter()
+        try:
+            for key, kv in stitched.kv.placements:
+                self.cache.insert(key, kv, namespace=req.namespace)
+        finally:
+            assert self.stitcher is not None
+            self.stitcher.recycle(stitched)
+        req.phases["insert"] = req.phases.get("insert", 0.0) + time.perf_counter() - clock
 
     def _insert(self, req: Request, length: int) -> None:
         """Cache the KV of the request's first ``length`` tokens (timed as its "insert" phase)."""
         if not self.caching or req.buffer is None:
             return
+        if req.exact_end is not None:  # chunks mode: stitched KV never enters the exact tree
+            length = min(length, req.exact_end)
         clock = time.perf_counter()
         kv = req.buffer.segment(0, length, self.kv_blocks)
         self.cache.insert(req.all_ids[:length], kv, namespace=req.namespace)
@@ -405,6 +511,8 @@ class Engine:
         self._counters["prompt_tokens"] += result.prompt_tokens
         self._counters["cached_tokens"] += result.cached_tokens
         self._counters["completion_tokens"] += result.completion_tokens
+        self._counters["stitched_tokens"] += result.stitched_tokens
+        self._counters["recomputed_tokens"] += result.recomputed_tokens
         req.events.put(StreamEvent(tail, [], req.id, finish_reason=reason, result=result))
         req.done.set()
 

@@ -193,11 +193,22 @@ class FusedLlamaRunner:
         gate, up = F.linear(self._norm(x, layer.post_norm), layer.wgu).chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, layer.wdown)
 
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
-        # q: [S, H, D]; keys/values: [1, KVH, past+S, D] -> [S, H*D]
+    def _attend(
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        past: int,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # q: [S, H, D]; keys/values: [1, KVH, past+S, D] -> [S, H*D]; mask: [S, keys] bool (True: seen)
         s = q.shape[0]
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, S, D]
-        if s == 1:
+        if mask is not None:  # explicit positions (chunk stitching): the caller says who sees what
+            out = F.scaled_dot_product_attention(
+                qh, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
+            )
+        elif s == 1:
             out = F.scaled_dot_product_attention(qh, keys, values, scale=self.scale, enable_gqa=True)
         elif past == 0:
             out = F.scaled_dot_product_attention(
@@ -209,6 +220,10 @@ class FusedLlamaRunner:
                 qh, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
             )
         return out[0].transpose(0, 1).reshape(s, -1)
+
+    def _attn_out(self, layer: _Layer, attn: torch.Tensor) -> torch.Tensor:
+        # attn: [T, H*D] -> [T, hidden] (o_proj)
+        return F.linear(attn, layer.wo)
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [T] -> cos/sin [T, 1, D] broadcasting over heads
@@ -255,7 +270,7 @@ class FusedLlamaRunner:
             k_store[i, 0, :, past : past + s] = k[:s].transpose(0, 1)
             v_store[i, 0, :, past : past + s] = v[:s].transpose(0, 1)
             attn = self._attend(q[:s], k_store[i, :, :, : past + s], v_store[i, :, :, : past + s], past)
-            x = x + F.linear(self._pad_rows(attn, len(ids)), layer.wo)
+            x = x + self._attn_out(layer, self._pad_rows(attn, len(ids)))
             x = x + self._mlp(layer, x)
         buffer.set_length(past + s)
         return self._logits(self._pad_rows(x[s - 1 : s], self._rows(1)))[0]
@@ -291,7 +306,7 @@ class FusedLlamaRunner:
                 outs.append(
                     self._attend(q[j : j + 1], k_store[i, :, :, : p + 1], v_store[i, :, :, : p + 1], p)
                 )
-            x = x + F.linear(self._pad_rows(torch.cat(outs), len(ids)), layer.wo)
+            x = x + self._attn_out(layer, self._pad_rows(torch.cat(outs), len(ids)))
             x = x + self._mlp(layer, x)
         for b, p in zip(buffers, pasts):
             b.set_length(p + 1)

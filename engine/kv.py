@@ -282,26 +282,27 @@ class KVBuffer(Cache):
             layer.keys, layer.values = k[layer.index, :, :, :n], v[layer.index, :, :, :n]
 
     @torch.inference_mode()  # storage made in a forward (or recycled from one) is an inference tensor
-    def load_prefix(self, segments: Sequence[KVSegment]) -> int:
-        """Copy cached segments (in order) into an empty buffer; returns the tokens loaded."""
-        if self.length:
-            raise ValueError("load_prefix needs an empty buffer")
+    def load_prefix(self, segments: Sequence[KVSegment], start: int = 0) -> int:
+        """Copy cached segments (in order) into the buffer from token ``start`` on (the buffer must hold
+        exactly ``start`` tokens; 0: an empty buffer); returns the tokens loaded."""
+        if self.length != start:
+            raise ValueError(f"load_prefix at {start} needs a buffer holding {start} tokens, not {self.length}")
         total = sum(len(s) for s in segments)
         if total == 0:
             return 0
         keys0, values0 = segments[0].parts()[0]
         # [layers, heads, n, dim] -> storage takes [heads, n, dim] per layer with a batch axis of 1
         self._ensure_storage(keys0[0:1], values0[0:1])
-        self._reserve(total)
+        self._reserve(start + total)
         assert self.k_store is not None and self.v_store is not None
-        pos = 0
+        pos = start
         for seg in segments:
             for keys, values in seg.parts():
                 n = keys.shape[2]
                 self.k_store[:, 0, :, pos : pos + n].copy_(keys)  # one copy per block for all layers
                 self.v_store[:, 0, :, pos : pos + n].copy_(values)
                 pos += n
-        self._rebind(total)
+        self._rebind(start + total)
         return total
 
     def segment(self, start: int, end: int, pool: KVBlockPool | None = None) -> KVSegment:

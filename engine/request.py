@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from engine.detokenizer import Detokenizer
 from engine.kv import KVBuffer
+from engine.reuse import ChunkReuse
 from engine.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
@@ -38,6 +39,9 @@ class GenerationResult:
     request_id: str = ""
     phases: dict[str, float] = field(default_factory=dict)  # seconds: match, load, prefill, insert
     reported_completion_tokens: int | None = None  # a remote server's count, when ids are not known
+    reuse: str = "prefix"  # the reuse mode that served the request ("chunks": see stitched_tokens)
+    stitched_tokens: int = 0  # prompt tokens whose KV came from cached chunks at other positions
+    recomputed_tokens: int = 0  # reused chunk tokens recomputed over the stitched context
 
     @property
     def completion_tokens(self) -> int:
@@ -114,6 +118,12 @@ class Request:
     prefill_s: float = 0.0
     max_new_tokens: int = 0
     phases: dict[str, float] = field(default_factory=dict)
+    # chunks mode (engine.reuse): the request's settings and spans, what the stitch reused
+    chunk_reuse: ChunkReuse | None = None
+    chunk_spans: list[tuple[int, int]] = field(default_factory=list)
+    exact_end: int | None = None  # only the prompt's first exact_end tokens may be cached
+    stitched_tokens: int = 0
+    recomputed_tokens: int = 0
 
     def phase(self, name: str, since: float) -> float:
         """Record the time since ``since`` under ``name``; return now."""
@@ -139,6 +149,9 @@ class Request:
             prefill_s=self.prefill_s,
             request_id=self.id,
             phases=dict(self.phases),
+            reuse="chunks" if self.chunk_reuse is not None else "prefix",
+            stitched_tokens=self.stitched_tokens,
+            recomputed_tokens=self.recomputed_tokens,
         )
 
 

@@ -252,6 +252,15 @@ class Engine:
             return 0
         return int(self.cache.peek_length(list(token_ids), namespace=self._namespace(namespace)))
 
+    def free_cache_tokens(self) -> int:
+        """Tokens of KV the prefix cache can still take without evicting anything (0: caching off)."""
+        if not self.caching:
+            return 0
+        stats = self.cache.stats()
+        held = stats.cached_tokens
+        per_token = stats.used_bytes / held if held else _kv_bytes_per_token(self.runner)
+        return int((self.cache.capacity_bytes - stats.used_bytes) // max(per_token, 1))
+
     def stats(self) -> dict[str, Any]:
         """Engine counters plus the prefix cache's."""
         cache = self.cache.stats()
@@ -585,6 +594,15 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
         elif isinstance(source, (list, tuple)):
             ids.update(int(t) for t in source)
     return frozenset(ids)
+
+
+def _kv_bytes_per_token(runner: ModelRunner | FusedLlamaRunner) -> int:
+    """Bytes of keys and values per token, all layers, at the model's dtype."""
+    cfg = runner.config.get_text_config() if hasattr(runner.config, "get_text_config") else runner.config
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    return 2 * runner.num_layers * kv_heads * head_dim * runner.dtype.itemsize
 
 
 def _make_runner(model: Any, config: EngineConfig) -> ModelRunner | FusedLlamaRunner:

@@ -47,6 +47,12 @@ def _main() -> None:
 def ingest(
     paths: list[Path] = typer.Argument(..., help="files (.txt .md .html .pdf) and folders, recursively"),
     index: Path = typer.Option(None, "--index", help=INDEX_HELP),
+    warm: bool = typer.Option(
+        False,
+        "--warm",
+        help="then prefill every chunk's KV into the engine's cache (resumable, within the cache budget; "
+        "kept after this process only where the engine's cache has a disk tier)",
+    ),
 ) -> None:
     """Add documents to an index (unchanged files are skipped; changed ones replace their chunks)."""
     from rag.config import RAGConfig
@@ -67,6 +73,20 @@ def ingest(
     )
     for skipped in result.skipped:
         console.print(f"[yellow]skipped[/] {skipped.path}: {skipped.reason}")
+    if warm:
+        report = pipeline.warm(show_progress=True)
+        console.print(warm_summary(report))
+
+
+def warm_summary(report: Any) -> str:
+    """One line on a ``WarmReport``."""
+    line = (
+        f"warmed {report.warmed} chunks ({report.tokens:,} tokens, {report.seconds:.1f} s), "
+        f"{report.already_cached} already cached"
+    )
+    if report.not_fitted:
+        line += f", [yellow]{len(report.not_fitted)} did not fit the cache budget[/]"
+    return line + (" (cancelled)" if report.cancelled else "")
 
 
 @app.command()

@@ -2,7 +2,8 @@
 
 question ─► KnowledgeBase.search_timed (hybrid retrieval, optional rerank)
          ─► PromptAssembler.assemble (stable prefix first; chunk order the cache holds longest)
-         ─► engine.stream(token_ids, namespace=tenant) ─► Answer(text, sources, usage, timings)
+         ─► engine.stream(token_ids, namespace=tenant, reuse=..., chunk_spans=...)
+         ─► Answer(text, sources, usage, timings)
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from engine.request import GenerationResult, StreamEvent
+from engine.reuse import REUSE_MODES
 from engine.sampling import SamplingParams
 from rag.config import RAGConfig
 from rag.ingestion.documents import Document, ScoredChunk
 from rag.ingestion.loaders import LoadResult
 from rag.ingestion.store import DocumentInfo, KnowledgeBase
 from rag.prompt.assembler import Prompt, PromptAssembler
+from rag.warming import WarmReport, warm_chunks
 
 
 class GenerationBackend(Protocol):
@@ -31,7 +34,13 @@ class GenerationBackend(Protocol):
     tokenizer: Any
 
     def stream(
-        self, prompt: Any, params: SamplingParams | None = None, *, namespace: str = ""
+        self,
+        prompt: Any,
+        params: SamplingParams | None = None,
+        *,
+        namespace: str = "",
+        reuse: Any = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
     ) -> Iterator[StreamEvent]: ...
 
 
@@ -48,9 +57,16 @@ class Source:
 
 @dataclass(frozen=True)
 class Usage:
+    """Token counts. ``cached_tokens``: the exact prefix reused; ``stitched_tokens``: prompt tokens whose
+    KV came from cached chunks at other positions (``reuse="chunks"``), of which ``recomputed_tokens``
+    were computed again so the chunks see each other; ``reuse``: the mode that served the request."""
+
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    stitched_tokens: int = 0
+    recomputed_tokens: int = 0
+    reuse: str = "prefix"
 
     @property
     def total_tokens(self) -> int:
@@ -176,6 +192,27 @@ class Pipeline:
         self.kb.warm_up()
         _ = self.assembler
 
+    def warm(
+        self,
+        namespace: str = "",
+        *,
+        show_progress: bool = False,
+        cancel: threading.Event | None = None,
+        progress: Any = None,
+    ) -> WarmReport:
+        """Prefill every indexed chunk at its placement in the engine's cache (``rag.warming``): resumable,
+        cancellable through ``cancel``, within the cache budget (``report.not_fitted`` lists the rest)."""
+        chunks = [c for info in self.kb.list_documents() for c in self.kb.chunks_of(info.id)]
+        return warm_chunks(
+            self.engine,
+            self.assembler,
+            chunks,
+            namespace,
+            show_progress=show_progress,
+            cancel=cancel,
+            progress=progress,
+        )
+
     # ---- documents ----------------------------------------------------------------------------
     def add_documents(self, docs: Iterable[Document], *, show_progress: bool = False) -> list[str]:
         """Add or update documents (unchanged ones are a no-op); returns their ids."""
@@ -223,10 +260,12 @@ class Pipeline:
         namespace: str = "",
         *,
         params: SamplingParams | None = None,
+        reuse: str | None = None,
     ) -> Answer:
-        """Answer a question from the indexed documents."""
+        """Answer a question from the indexed documents. ``reuse``: the engine's KV reuse mode for this
+        request (None: the engine's own; ``"chunks"`` also reuses cached chunks out of prefix order)."""
         answer = None
-        for event in self.stream(question, top_k, namespace, params=params):
+        for event in self.stream(question, top_k, namespace, params=params, reuse=reuse):
             answer = event.answer or answer
         assert answer is not None
         return answer
@@ -238,15 +277,23 @@ class Pipeline:
         namespace: str = "",
         *,
         params: SamplingParams | None = None,
+        reuse: str | None = None,
     ) -> Iterator[PipelineEvent]:
         """Yield the sources, then text deltas, then the full Answer. Closing early cancels generation."""
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
         _check_top_k(top_k)
-        return self._stream(question, top_k, namespace, params)
+        if reuse not in (None, *REUSE_MODES):
+            raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, got {reuse!r}")
+        return self._stream(question, top_k, namespace, params, reuse)
 
     def _stream(
-        self, question: str, top_k: int | None, namespace: str, params: SamplingParams | None
+        self,
+        question: str,
+        top_k: int | None,
+        namespace: str,
+        params: SamplingParams | None,
+        reuse: str | None,
     ) -> Iterator[PipelineEvent]:
         t0 = time.perf_counter()
         if len(self.kb):
@@ -265,7 +312,9 @@ class Pipeline:
         )
         result: GenerationResult | None = None
         first_token_ms = 0.0
-        stream = self.engine.stream(prompt.token_ids, params, namespace=namespace)
+        stream = self.engine.stream(
+            prompt.token_ids, params, namespace=namespace, reuse=reuse, chunk_spans=prompt.chunk_spans
+        )
         try:
             for event in stream:
                 if event.ttft_s is not None:
@@ -286,7 +335,14 @@ class Pipeline:
             assemble_ms=assemble_ms,
             prefill_ms=1000 * result.ttft_s,
         )
-        usage = Usage(result.prompt_tokens, result.cached_tokens, result.completion_tokens)
+        usage = Usage(
+            result.prompt_tokens,
+            result.cached_tokens,
+            result.completion_tokens,
+            result.stitched_tokens,
+            result.recomputed_tokens,
+            result.reuse,
+        )
         answer = Answer(result.text, sources, usage, timings, result.finish_reason)
         yield PipelineEvent("done", answer=answer)
 

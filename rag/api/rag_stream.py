@@ -60,11 +60,14 @@ class AskRun:
         top_k: int | None,
         max_tokens: int | None,
         namespace: str,
+        reuse: str | None = None,
     ) -> AskRun:
         """Admit, start the pipeline stream and take its first event (the sources), so that retrieval
         errors and a full queue are answered with their status rather than in-band."""
         slot = services.admission.enter()
         kwargs: dict[str, Any] = {"top_k": top_k, "namespace": namespace}
+        if reuse is not None:
+            kwargs["reuse"] = reuse
         if max_tokens is not None:  # the pipeline's own temperature, a shorter (or longer) answer
             config = getattr(pipeline, "config", None)
             kwargs["params"] = SamplingParams(
@@ -167,6 +170,9 @@ class AskRun:
             cached_tokens=int(u.get("cached_tokens", 0)),
             completion_tokens=completion,
             total_tokens=prompt + completion,
+            stitched_tokens=int(u.get("stitched_tokens", 0)),
+            recomputed_tokens=int(u.get("recomputed_tokens", 0)),
+            reuse=str(u.get("reuse", "prefix")),
         )
 
     def _observe(self) -> None:
@@ -179,6 +185,7 @@ class AskRun:
             prompt_tokens=self.usage.prompt_tokens,
             cached_tokens=self.usage.cached_tokens,
             completion_tokens=self.usage.completion_tokens,
+            stitched_tokens=self.usage.stitched_tokens,
         )
 
 

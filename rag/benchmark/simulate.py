@@ -109,7 +109,13 @@ class SimulatedEngine:
         return match.length
 
     def stream(
-        self, prompt: Any, params: SamplingParams | None = None, *, namespace: str = ""
+        self,
+        prompt: Any,
+        params: SamplingParams | None = None,
+        *,
+        namespace: str = "",
+        reuse: Any = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
     ) -> Iterator[StreamEvent]:
         raise NotImplementedError("SimulatedEngine has no model: use serve() for cache behaviour")
 

@@ -189,6 +189,11 @@ class PromptAssembler:
             dropped=[str(c.chunk_id) for c in ranked[kept:]],
         )
 
+    def placement(self, chunk: ChunkLike) -> list[int]:
+        """The ids a chunk's KV is cached under: the stable prefix, the first ``[n]`` marker and the
+        chunk's body, i.e. how every prompt with this chunk first begins (what warming prefills)."""
+        return [*self.stable_ids, *self._marker(0), *self._layout.encode(chunk_body(chunk))]
+
     def _fit(self, question: str, bodies: list[list[int]]) -> tuple[_Part, int]:
         """The question part and how many best-ranked chunks fit beside it within the budget."""
         alone = self._question_part(question, after_chunks=False)

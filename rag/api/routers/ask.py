@@ -28,11 +28,17 @@ async def ask(
     body: AskRequest, request: Request, services: ServicesDep, settings: SettingsDep, principal: PrincipalDep
 ) -> Any:
     """Retrieve, rerank, answer. The tenant is the cache namespace; ``usage.cached_tokens`` says how much of
-    the prompt came from the prefix cache."""
+    the prompt came from the prefix cache (``usage.stitched_tokens``: from cached chunks, ``reuse='chunks'``)."""
     question, top_k = _validate(body, settings)
     pipeline = services.ready_pipeline()
     run = await AskRun.start(
-        services, pipeline, question, top_k=top_k, max_tokens=body.max_tokens, namespace=principal.namespace()
+        services,
+        pipeline,
+        question,
+        top_k=top_k,
+        max_tokens=body.max_tokens,
+        namespace=principal.namespace(),
+        reuse=body.reuse,
     )
     if body.stream:
         return ClosingStreamingResponse(ask_frames(run), media_type="text/event-stream", headers=SSE_HEADERS)

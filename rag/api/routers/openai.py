@@ -90,7 +90,7 @@ async def chat_completions(
                 message=AssistantMessage(content=result.text), finish_reason=_finish(result.finish_reason)
             )
         ],
-        usage=Usage.of(result.prompt_tokens, result.cached_tokens, result.completion_tokens),
+        usage=Usage.of_result(result),
     )
 
 
@@ -129,7 +129,7 @@ async def completions(
         created=created,
         model=model,
         choices=[CompletionChoice(text=result.text, finish_reason=_finish(result.finish_reason))],
-        usage=Usage.of(result.prompt_tokens, result.cached_tokens, result.completion_tokens),
+        usage=Usage.of_result(result),
     )
 
 

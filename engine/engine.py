@@ -195,6 +195,38 @@ class Engine:
         the tokens before the first span are the prefix every chunk is cached after. Without spans,
         chunks mode has nothing to stitch and serves the request as prefix mode does.
         """
+        return self._enqueue(self._request(prompt, params, namespace, reuse, chunk_spans))
+
+    def score(
+        self,
+        prompt: Prompt,
+        continuation: Sequence[int],
+        *,
+        namespace: str = "",
+        reuse: str | ChunkReuse | None = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
+    ) -> RequestStream:
+        """Teacher forcing: a request that feeds ``continuation`` instead of sampling; its result's
+        ``scores`` (float32 ``[len(continuation), vocab]`` log-probabilities) hold the next-token
+        distribution after the prompt and after each continuation prefix. Scheduled, batched and
+        cached like any request (for measuring what a reuse mode does to the model's predictions)."""
+        forced = encode_prompt(self.tokenizer, list(continuation), self.runner.vocab_size)
+        if not forced:
+            raise ValueError("continuation is empty: score needs at least one token")
+        params = SamplingParams(max_tokens=len(forced), ignore_eos=True)
+        request = self._request(prompt, params, namespace, reuse, chunk_spans)
+        request.forced_ids = forced
+        return RequestStream(self._enqueue(request), self._cancel)
+
+    def _request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None,
+        namespace: str,
+        reuse: str | ChunkReuse | None,
+        chunk_spans: Sequence[tuple[int, int]] | None,
+    ) -> Request:
+        """A validated request (not yet queued)."""
         params = params or SamplingParams()
         ids = self.encode(prompt)
         if not ids:
@@ -204,7 +236,7 @@ class Engine:
         if not isinstance(namespace, str):
             raise ValueError(f"namespace must be a string, got {type(namespace).__name__}")
         spans = check_spans(chunk_spans or (), len(ids))
-        request = Request(
+        return Request(
             prompt_ids=ids,
             params=params,
             namespace=self._namespace(namespace),
@@ -213,6 +245,8 @@ class Engine:
             chunk_reuse=self._chunk_reuse(reuse),
             chunk_spans=spans,
         )
+
+    def _enqueue(self, request: Request) -> Request:
         self._ensure_worker()
         with self._wakeup:
             try:
@@ -467,6 +501,9 @@ class Engine:
         return rows
 
     def _sample(self, req: Request, logits: torch.Tensor) -> int:
+        if req.forced_ids is not None:  # scoring: record the distribution, feed the given token
+            req.scores.append(torch.log_softmax(logits.float(), dim=-1))
+            return req.forced_ids[len(req.output_ids)]
         history = (
             req.output_ids if req.params.repetition_penalty != 1.0 else ()
         )  # the answer only: copying facts from the context is the point

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
+
 from engine.detokenizer import Detokenizer
 from engine.kv import KVBuffer
 from engine.reuse import ChunkReuse
@@ -42,6 +44,7 @@ class GenerationResult:
     reuse: str = "prefix"  # the reuse mode that served the request ("chunks": see stitched_tokens)
     stitched_tokens: int = 0  # prompt tokens whose KV came from cached chunks at other positions
     recomputed_tokens: int = 0  # reused chunk tokens recomputed over the stitched context
+    scores: Any = None  # Engine.score: float32 [continuation, vocab] next-token log-probabilities
 
     @property
     def completion_tokens(self) -> int:
@@ -124,6 +127,9 @@ class Request:
     exact_end: int | None = None  # only the prompt's first exact_end tokens may be cached
     stitched_tokens: int = 0
     recomputed_tokens: int = 0
+    # Engine.score: tokens fed instead of sampled, and the log-probabilities seen before each
+    forced_ids: list[int] | None = None
+    scores: list[Any] = field(default_factory=list)
 
     def phase(self, name: str, since: float) -> float:
         """Record the time since ``since`` under ``name``; return now."""
@@ -152,6 +158,7 @@ class Request:
             reuse="chunks" if self.chunk_reuse is not None else "prefix",
             stitched_tokens=self.stitched_tokens,
             recomputed_tokens=self.recomputed_tokens,
+            scores=_stack(self.scores),
         )
 
 
@@ -197,3 +204,7 @@ class RequestStream(Iterator[StreamEvent]):
     def __del__(self) -> None:  # a dropped, unfinished stream must not hold its cache lock forever
         if not self._finished and not self.request.done.is_set():
             self.request.cancelled.set()
+
+
+def _stack(rows: list[Any]) -> Any:
+    return torch.stack(rows) if rows else None

@@ -12,6 +12,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.buffer_pool import BufferPool
+from engine.request import final_result
 from engine.reuse import ChunkReuse
 from engine.stitch import rotate_keys, rotation
 from engine.stitch_plan import plan_stitch
@@ -283,3 +284,16 @@ def test_caching_off_falls_back(loaded_model):
         assert eng.chunks_blocker == "prefix caching is off (nothing to reuse)"
     finally:
         eng.close()
+
+
+def test_score_feeds_the_continuation_and_returns_each_next_token_distribution(engine_nocache):
+    ids, _ = rag_prompt(engine_nocache.tokenizer, "ab")
+    greedy = engine_nocache.generate(ids, SamplingParams(max_tokens=6, ignore_eos=True)).token_ids
+    scored = final_result(engine_nocache.score(ids, greedy))
+    assert scored.scores.shape == (6, engine_nocache.runner.vocab_size)
+    assert scored.token_ids == greedy
+    assert scored.scores.argmax(-1).tolist() == greedy  # greedy picks each row's most likely token
+    full = engine_nocache.runner.prefill(ids, engine_nocache.runner.new_buffer(len(ids)))
+    close(scored.scores[0], torch.log_softmax(full, -1))
+    with pytest.raises(ValueError, match="continuation is empty"):
+        engine_nocache.score(ids, [])

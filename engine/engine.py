@@ -30,7 +30,6 @@ from engine.fused import FusedLlamaRunner, fused_unsupported_reason
 from engine.kv import BLOCK_TOKENS, KVBuffer
 from engine.memory import trim_heap
 from engine.models import DEFAULT_MODEL, load_model
-from engine.reuse import ChunkReuse, chunks_unsupported_reason, resolve_reuse
 from engine.request import (
     EngineError,
     GenerationResult,
@@ -40,6 +39,7 @@ from engine.request import (
     StreamEvent,
     final_result,
 )
+from engine.reuse import ChunkReuse, chunks_unsupported_reason, resolve_reuse
 from engine.runner import ModelRunner, prefix_reuse_blocker
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler
@@ -419,7 +419,13 @@ class Engine:
         assert self.stitcher is not None and req.buffer is not None and req.chunk_reuse is not None
         try:
             stitched = self.stitcher.stitch(
-                req.buffer, req.prompt_ids, req.chunk_spans, plan, req.chunk_reuse, req.namespace, req.cancelled
+                req.buffer,
+                req.prompt_ids,
+                req.chunk_spans,
+                plan,
+                req.chunk_reuse,
+                req.namespace,
+                req.cancelled,
             )
         except RequestCancelled:
             return None

@@ -286,7 +286,9 @@ class KVBuffer(Cache):
         """Copy cached segments (in order) into the buffer from token ``start`` on (the buffer must hold
         exactly ``start`` tokens; 0: an empty buffer); returns the tokens loaded."""
         if self.length != start:
-            raise ValueError(f"load_prefix at {start} needs a buffer holding {start} tokens, not {self.length}")
+            raise ValueError(
+                f"load_prefix at {start} needs a buffer holding {start} tokens, not {self.length}"
+            )
         total = sum(len(s) for s in segments)
         if total == 0:
             return 0

@@ -56,12 +56,18 @@ class ChunkReuse:
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"recompute strategy {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
-        if isinstance(self.share, bool) or not isinstance(self.share, (int, float)) or not 0 <= self.share <= 1:
+        if (
+            isinstance(self.share, bool)
+            or not isinstance(self.share, (int, float))
+            or not 0 <= self.share <= 1
+        ):
             raise ValueError(f"recompute share must be a number in [0, 1], got {self.share!r}")
         if isinstance(self.deviation_layer, bool) or not isinstance(self.deviation_layer, int):
             raise ValueError(f"deviation_layer must be an int >= 1, got {self.deviation_layer!r}")
         if self.deviation_layer < 1:
-            raise ValueError(f"deviation_layer must be >= 1 (layer 0 sees no other chunk), got {self.deviation_layer}")
+            raise ValueError(
+                f"deviation_layer must be >= 1 (layer 0 sees no other chunk), got {self.deviation_layer}"
+            )
 
     @property
     def label(self) -> str:

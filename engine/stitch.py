@@ -139,10 +139,14 @@ class StitchedPrefill:
         return torch.sort(reused[deviation.topk(budget).indices]).values
 
     def _embed(self, prompt_ids: Sequence[int], positions: torch.Tensor) -> torch.Tensor:
-        ids = torch.tensor([prompt_ids[p] for p in positions.tolist()], dtype=torch.long, device=self.runner.device)
+        ids = torch.tensor(
+            [prompt_ids[p] for p in positions.tolist()], dtype=torch.long, device=self.runner.device
+        )
         return torch.nn.functional.embedding(ids, self.runner.embed)  # [T, hidden]
 
-    def _layers(self, buffer: KVBuffer, x: torch.Tensor, positions: torch.Tensor, layers: range) -> torch.Tensor:
+    def _layers(
+        self, buffer: KVBuffer, x: torch.Tensor, positions: torch.Tensor, layers: range
+    ) -> torch.Tensor:
         """Run ``x`` (hidden states of ``positions``, ascending) through ``layers``: each writes the
         tokens' K/V at their positions, then attends causally over the stitched context."""
         r = self.runner

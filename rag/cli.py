@@ -132,10 +132,10 @@ def demo(
     """Ingest the bundled Python reference, ask questions twice, show cold vs warm TTFT and cache hits."""
     from engine.config import EngineConfig
     from rag.config import RAGConfig
-    from rag.demo import DEMO_QUESTIONS, default_demo_index, run_demo
+    from rag.demo import DEMO_QUESTIONS, DEMO_REPHRASED, default_demo_index, run_demo
 
     config = RAGConfig(max_tokens=max_tokens, engine=EngineConfig(model=model))
-    run_demo(console, config, index or default_demo_index(), DEMO_QUESTIONS)
+    run_demo(console, config, index or default_demo_index(), DEMO_QUESTIONS, DEMO_REPHRASED)
 
 
 @app.command()
@@ -238,6 +238,9 @@ def bench(
     samples: int = typer.Option(None, "--samples", min=2, help="caching-off requests measured (default 12)"),
     engine_section: bool = typer.Option(True, "--engine-section/--no-engine-section", help="issue 4 figures"),
     radix_section: bool = typer.Option(True, "--radix-section/--no-radix-section", help="issue 3 figures"),
+    chunks_section: bool = typer.Option(
+        True, "--chunks-section/--no-chunks-section", help="issue 14 figures: chunk reuse speed and fidelity"
+    ),
     report_only: bool = typer.Option(
         False, "--report-only", help="redraw plots and report.md from OUT/results.json; measure nothing"
     ),
@@ -259,6 +262,7 @@ def bench(
         samples=samples,
         engine_section=engine_section,
         radix_section=radix_section,
+        chunks_section=chunks_section,
     )
 
 

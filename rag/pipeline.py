@@ -202,7 +202,9 @@ class Pipeline:
     ) -> WarmReport:
         """Prefill every indexed chunk at its placement in the engine's cache (``rag.warming``): resumable,
         cancellable through ``cancel``, within the cache budget (``report.not_fitted`` lists the rest)."""
-        chunks = [c for info in self.kb.list_documents() for c in self.kb.chunks_of(info.id)]
+        chunks = [
+            ScoredChunk.of(c, 0.0) for info in self.kb.list_documents() for c in self.kb.chunks_of(info.id)
+        ]
         return warm_chunks(
             self.engine,
             self.assembler,

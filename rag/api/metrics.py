@@ -159,8 +159,16 @@ class EngineCollector:
             slabs.get("slab_bytes", 0),
         )
         for name, key, doc in (
-            ("prefixrag_chunk_reuse_requests", "stitched_requests", "Requests served by stitching cached chunks"),
-            ("prefixrag_chunk_reuse_stitched_tokens", "stitched_tokens", "Chunk tokens reused at a new position"),
+            (
+                "prefixrag_chunk_reuse_requests",
+                "stitched_requests",
+                "Requests served by stitching cached chunks",
+            ),
+            (
+                "prefixrag_chunk_reuse_stitched_tokens",
+                "stitched_tokens",
+                "Chunk tokens reused at a new position",
+            ),
             (
                 "prefixrag_chunk_reuse_recomputed_tokens",
                 "recomputed_tokens",

@@ -94,7 +94,7 @@ def _engine(loaded: LoadedModel, config: EngineConfig) -> Engine:
     return Engine(loaded.model, loaded.tokenizer, model_id=loaded.model_id, config=config)
 
 
-def _warm_up(engine: Engine) -> None:
+def warm_up_engine(engine: Engine) -> None:
     """One short request so one-off costs (allocation, kernel selection) stay out of the figures;
     the cache is reset after, so the measured stream starts from an empty cache."""
     engine.generate(list(range(1000, 1064)), TTFT_PARAMS, namespace="warm-up")
@@ -136,7 +136,7 @@ def measure_stream(
     if llama is not None:
         runs[LLAMA_CPP] = Measurement(LLAMA_CPP, "llama.cpp")
     for eng in [*engines, off]:
-        _warm_up(eng)
+        warm_up_engine(eng)
     hf.ttft(list(range(1000, 1064)))
     n = len(workload.requests)
     off_at, hf_at = set(sample_indices(n, baseline_samples)), set(sample_indices(n, transformers_samples))
@@ -144,7 +144,7 @@ def measure_stream(
     try:
         for i, req in enumerate(workload.requests):
             prompts: dict[int, list[int]] = {}
-            for k in _rotation(len(engines), i):
+            for k in rotation(len(engines), i):
                 ids = prompts[k] = builders[k].prompt(req)
                 r = engines[k].generate(ids, TTFT_PARAMS, namespace=req.tenant)
                 runs[configs[k][0].label].add(i, r.ttft_s, ids, r.cached_tokens, r.phases)
@@ -192,6 +192,6 @@ def measure_tpot(
     return {"engine": summarize(ours), "transformers": summarize(theirs)}
 
 
-def _rotation(n: int, i: int) -> list[int]:
+def rotation(n: int, i: int) -> list[int]:
     """0..n-1 starting at i mod n: each configuration goes first equally often."""
     return [(i + j) % n for j in range(n)]

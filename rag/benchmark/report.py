@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rag.benchmark.chunks_report import chunks_markdown
 from rag.benchmark.plots import PLOTS, draw_all
 
 CSV_COLUMNS = [
@@ -124,6 +125,7 @@ def render_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         _skews(results),
         _plots(plots),
         _engine_section(results),
+        chunks_markdown(results),
         _radix_section(results),
         _method(results),
     ]

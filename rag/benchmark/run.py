@@ -105,6 +105,7 @@ def run_benchmark(
                 llama_cpp_cache_bytes=working,
                 advance=step,
             )
+        chunks_section = _chunks_section(config, clock, step, loaded, kb, main)
         engine_section = _engine_section(config, clock, step)
         gc.collect()  # the measured engines' caches (GBs) before the sections allocate theirs
         with clock("tpot"):
@@ -115,6 +116,7 @@ def run_benchmark(
         config, workloads, sweep, runs, tpot, kb, sim, bpt, (llama_ok, llama_note), steady
     )
     results["engine_section"] = engine_section
+    results["chunks_section"] = chunks_section
     results["radix_section"] = radix_section
     results["meta"] = _meta(command, time.perf_counter() - started)
     results["meta"]["cpu_s"] = time.process_time() - cpu_started  # all threads: the work, load aside
@@ -249,6 +251,18 @@ def _engine_section(config: BenchConfig, clock: _Clock, step: Step) -> dict[str,
     return out
 
 
+def _chunks_section(
+    config: BenchConfig, clock: _Clock, step: Step, loaded: LoadedModel, kb: KnowledgeBase, workload: Workload
+) -> dict[str, Any] | None:
+    if not config.chunks_section:
+        return None
+    from rag.benchmark.chunks_bench import run_chunks_bench
+
+    gc.collect()  # the stream's engines and their caches go before this section's
+    with clock("chunks section"):
+        return run_chunks_bench(loaded, kb, workload, config, step)
+
+
 def _radix_section(
     config: BenchConfig, clock: _Clock, step: Step, bytes_per_token: int
 ) -> dict[str, Any] | None:
@@ -289,7 +303,15 @@ def _total_steps(config: BenchConfig) -> int:
     sweep = len(config.sweep_skews) * len(config.orders) * len(config.evictions) * len(config.capacities)
     engine = 3 + config.engine_repeats if config.engine_section else 0
     steady = int(config.steady_factor > 1)
-    return 2 + sweep + steady + config.requests + 1 + engine + int(config.radix_section)
+    chunks = (
+        1
+        + min(config.chunks_requests, config.requests)
+        + config.chunks_fidelity_prompts
+        + config.chunks_needles
+        if config.chunks_section
+        else 0
+    )
+    return 2 + sweep + steady + config.requests + 1 + engine + int(config.radix_section) + chunks
 
 
 @contextmanager

@@ -69,7 +69,9 @@ def test_a_rotated_key_is_the_key_at_the_new_position(engine):
     assert torch.allclose(moved, fresh, atol=1e-4 * float(fresh.abs().max()))
     cos_a, sin_a = rotation(runner, 300)
     twice = rotate_keys(rotate_keys(keys, cos_a, sin_a), *rotation(runner, 57))
-    assert torch.allclose(twice, rotate_keys(keys, *rotation(runner, 357)), atol=1e-4 * float(fresh.abs().max()))
+    assert torch.allclose(
+        twice, rotate_keys(keys, *rotation(runner, 357)), atol=1e-4 * float(fresh.abs().max())
+    )
 
 
 def test_recomputing_every_reused_token_equals_full_prefill(engine):
@@ -101,7 +103,9 @@ def test_chunks_are_reused_wherever_they_stand(engine_chunks):
     reused = sum(e - s for s, e in spans[1:])
     assert warm.stitched_tokens + warm.recomputed_tokens == reused  # a and b: from their placements
     assert warm.recomputed_tokens > 0
-    assert warm.cached_tokens == spans[0][1]  # exact: the anchor and c, whose placement the first request made
+    assert (
+        warm.cached_tokens == spans[0][1]
+    )  # exact: the anchor and c, whose placement the first request made
     assert engine_chunks.stats()["stitched_tokens"] == before + warm.stitched_tokens
     prefix = engine_chunks.generate(ids, GREEDY, namespace=ns, chunk_spans=spans, reuse="prefix")
     assert prefix.reuse == "prefix" and prefix.stitched_tokens == 0
@@ -156,7 +160,9 @@ def test_cancelled_chunks_request_releases_its_locks(engine_chunks):
     stream = engine_chunks.stream(ids, SamplingParams(max_tokens=200), namespace="cancel", chunk_spans=spans)
     next(stream)
     stream.close()
-    unstarted = engine_chunks.stream(ids, SamplingParams(max_tokens=200), namespace="cancel", chunk_spans=spans)
+    unstarted = engine_chunks.stream(
+        ids, SamplingParams(max_tokens=200), namespace="cancel", chunk_spans=spans
+    )
     unstarted.close()
     assert engine_chunks.cache.stats().protected_bytes == 0
     assert engine_chunks.stats()["running"] == 0
@@ -224,7 +230,7 @@ def test_prompt_ending_in_a_chunk_still_computes_its_last_token(engine_chunks):
 
 
 def test_bad_reuse_options_are_value_errors(engine_chunks):
-    ids, spans = rag_prompt(engine_chunks.tokenizer, "ab")
+    ids, _ = rag_prompt(engine_chunks.tokenizer, "ab")
     with pytest.raises(ValueError, match="reuse must be one of"):
         engine_chunks.submit(ids, GREEDY, reuse="sideways")
     with pytest.raises(ValueError, match="within the prompt"):

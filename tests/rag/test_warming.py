@@ -22,7 +22,9 @@ BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M's KV in float32
 def _pipeline(loaded_model, embedder, llm_tokenizer, **engine_options) -> Pipeline:
     config = RAGConfig(max_tokens=16)
     engine_config = EngineConfig(model=loaded_model.model_id, **engine_options)
-    engine = Engine(loaded_model.model, loaded_model.tokenizer, model_id=loaded_model.model_id, config=engine_config)
+    engine = Engine(
+        loaded_model.model, loaded_model.tokenizer, model_id=loaded_model.model_id, config=engine_config
+    )
     kb = KnowledgeBase(config, embedder=embedder, chunker=Chunker(llm_tokenizer))
     pipeline = Pipeline(config, engine=engine, knowledge_base=kb)
     pipeline.add_documents([*SMALL_CORPUS, FACT])
@@ -46,7 +48,9 @@ def test_warm_prefills_every_chunk_once(pipeline):
 
 def test_chunks_mode_reuses_warmed_chunks_on_the_first_question(pipeline):
     pipeline.warm("chunks")
-    answer = pipeline.ask("What is the secret code of the Zorblax project?", top_k=3, namespace="chunks", reuse="chunks")
+    answer = pipeline.ask(
+        "What is the secret code of the Zorblax project?", top_k=3, namespace="chunks", reuse="chunks"
+    )
     usage = answer.usage
     assert usage.reuse == "chunks"
     assert usage.cached_tokens >= len(pipeline.assembler.stable_ids)  # the first chunk's placement, exact

@@ -87,7 +87,7 @@ async def cache_warm_cancel(services: ServicesDep, principal: PrincipalDep) -> d
 
 
 def _own_job(services: Any, namespace: str, admin: bool) -> WarmJob:
-    job = services.warm_job
+    job: WarmJob | None = services.warm_job
     if job is None or not (admin or job.namespace == namespace):
         raise api_error(404, "no warm-up was started for this namespace", code="no_warm_job")
-    return job  # type: ignore[no-any-return]
+    return job

@@ -99,7 +99,7 @@ class ChunkSources:
 
     def _lookup(self, key: list[int], namespace: str, kv: ChunkKV) -> KVSegment | None:
         """The whole placement from the cache (locked until ``release``), or None if it is not all there."""
-        match = self.cache.match_prefix(key, namespace=namespace, lock=True)
+        match = self.cache.match_prefix(key, namespace=namespace, lock=True, count=False)
         kv.locked.append(match.node)
         if match.length < len(key):
             return None

@@ -27,7 +27,7 @@ REUSE_MODES: tuple[str, ...] = get_args(ReuseMode)
 STRATEGIES: tuple[str, ...] = get_args(RecomputeStrategy)
 
 DEFAULT_STRATEGY: RecomputeStrategy = "deviation"
-DEFAULT_SHARE = 0.15
+DEFAULT_SHARE = 0.2
 DEFAULT_DEVIATION_LAYER = 1
 # RoPE variants whose rotation by p then by d equals the rotation by p + d (position-linear angles,
 # cos/sin not rescaled): dynamic NTK changes its frequencies with the length, yarn/longrope rescale

@@ -43,7 +43,8 @@ class GenerationResult:
     reported_completion_tokens: int | None = None  # a remote server's count, when ids are not known
     reuse: str = "prefix"  # the reuse mode that served the request ("chunks": see stitched_tokens)
     stitched_tokens: int = 0  # prompt tokens whose KV came from cached chunks at other positions
-    recomputed_tokens: int = 0  # reused chunk tokens recomputed over the stitched context
+    recomputed_tokens: int = 0  # tokens of those cached chunks recomputed over the stitched context
+    chunk_prefill_tokens: int = 0  # chunk tokens prefilled at their placement (not cached yet) and cached
     scores: Any = None  # Engine.score: float32 [continuation, vocab] next-token log-probabilities
 
     @property
@@ -127,6 +128,7 @@ class Request:
     exact_end: int | None = None  # only the prompt's first exact_end tokens may be cached
     stitched_tokens: int = 0
     recomputed_tokens: int = 0
+    chunk_prefill_tokens: int = 0
     # Engine.score: tokens fed instead of sampled, and the log-probabilities seen before each
     forced_ids: list[int] | None = None
     scores: list[Any] = field(default_factory=list)
@@ -158,6 +160,7 @@ class Request:
             reuse="chunks" if self.chunk_reuse is not None else "prefix",
             stitched_tokens=self.stitched_tokens,
             recomputed_tokens=self.recomputed_tokens,
+            chunk_prefill_tokens=self.chunk_prefill_tokens,
             scores=_stack(self.scores),
         )
 

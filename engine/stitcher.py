@@ -34,9 +34,11 @@ from prefix_cache import RadixCache
 
 @dataclass
 class Stitched:
-    """A finished stitched prefill. ``stitched_tokens``: prompt tokens whose KV came from cached chunks
-    and was not recomputed; ``phases``: seconds (``stitch_load``: lookups, copies and rotation;
-    ``stitch_select``; ``chunk_prefill``: chunks computed at their placement; ``stitch_compute``)."""
+    """A finished stitched prefill. Of the prompt tokens taken from chunk placements the cache held,
+    ``stitched_tokens`` kept their (rotated) KV and ``recomputed_tokens`` were computed again;
+    ``prefilled_tokens``: chunk tokens computed at their placement now (not cached before; they are
+    stitched and recomputed like the others). ``phases``: seconds (``stitch_load``: lookups, copies and
+    rotation; ``stitch_select``; ``chunk_prefill``; ``stitch_compute``)."""
 
     logits: torch.Tensor
     exact_end: int
@@ -83,15 +85,14 @@ class ChunkStitcher:
         logits, stats = self.prefill.run(buffer, prompt_ids, plan, policy)
         compute_s = time.perf_counter() - clock
         picked = set(stats.recomputed_positions)
-        cached_runs = [run for run, hit in zip(plan.runs, kv.from_cache) if hit]
-        stitched = sum(run.length for run in cached_runs) - sum(
-            1 for run in cached_runs for p in range(run.start, run.end) if p in picked
-        )
+        cached_runs = [run for run, hit in zip(plan.runs, kv.from_cache, strict=True) if hit]
+        reused = sum(run.length for run in cached_runs)
+        recomputed = sum(1 for run in cached_runs for p in range(run.start, run.end) if p in picked)
         return Stitched(
             logits=logits,
             exact_end=plan.exact_end,
-            stitched_tokens=stitched,
-            recomputed_tokens=len(picked),
+            stitched_tokens=reused - recomputed,
+            recomputed_tokens=recomputed,
             prefilled_tokens=kv.prefilled_tokens,
             kv=kv,
             phases={

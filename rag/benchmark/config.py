@@ -117,13 +117,13 @@ class BenchConfig(BaseModel):
             "engine_decode_repeats": 1,
             "radix_requests": 300,
             "steady_factor": 0,
-            "chunks_requests": 4,
+            "chunks_requests": 3,
             "chunks_budgets": (0.2,),
             "chunks_fidelity_prompts": 1,
             "chunks_answer_tokens": 16,
             "chunks_kl_positions": 8,
             "chunks_needles": 2,
-            "chunks_needle_tokens": 12,
+            "chunks_needle_distractors": 1,
             "quick": True,
         }
         settings.update(overrides)

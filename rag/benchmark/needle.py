@@ -2,7 +2,7 @@
 
 Each needle is a short registry entry about a made-up society (founding year, city, president, a
 membership code, a meeting day), seeded, so no model knows it beforehand; the question asks for the
-code. The needle chunk stands at position 1, 2, ... k + 1 in turn among ``k`` distractors drawn from
+code. The needle chunk stands at position 2, ..., k + 1, 1 in turn among ``k`` distractors drawn from
 the corpus, so chunks mode has to carry the fact through a stitched chunk at every position but the
 first (which is exact). Only the needles full prefill answers correctly count: accuracy is relative to it.
 
@@ -61,15 +61,15 @@ def make_needles(n: int, seed: int = 0) -> list[Needle]:
 def needle_layouts(
     needles: Sequence[Needle], distractors: Sequence[ScoredChunk], k: int, seed: int = 0
 ) -> list[tuple[Needle, list[ScoredChunk], int]]:
-    """For each needle: its chunks in prompt order (``k`` distractors, the needle at position
-    ``i % (k + 1) + 1``) and that 1-based position."""
+    """For each needle: its chunks in prompt order (``k`` distractors, the needle at positions
+    2, 3, ..., k + 1, 1 in turn: the stitched positions first) and that 1-based position."""
     if len(distractors) < k:
         raise ValueError(f"{k} distractors per prompt need at least {k} chunks, got {len(distractors)}")
     rng = random.Random(f"needle-layout-{seed}")
     out = []
     for i, needle in enumerate(needles):
         chosen = rng.sample(list(distractors), k)
-        position = i % (k + 1)
+        position = (i + 1) % (k + 1)
         chosen.insert(position, needle.chunk)
         out.append((needle, chosen, position + 1))
     return out

@@ -77,16 +77,21 @@ def test_a_rotated_key_is_the_key_at_the_new_position(engine):
 def test_recomputing_every_reused_token_equals_full_prefill(engine):
     runner = engine.runner
     ids, spans = rag_prompt(engine.tokenizer, "abc")
-    stitcher = ChunkStitcher(RadixCache(1 << 30), runner, BufferPool(0))
+    cache = RadixCache(1 << 30)
+    stitcher = ChunkStitcher(cache, runner, BufferPool(0))
     reference = runner.prefill(ids, runner.new_buffer(len(ids)))
     results = {}
-    for share in (0.0, 1.0):
+    for share in (0.0, 1.0, 0.0):  # the first pass prefills the placements, the others reuse them
         plan = plan_stitch(len(ids), spans, cached=0)
         assert plan is not None and len(plan.runs) == 2
         buffer = runner.new_buffer(len(ids))
         runner.prefill(ids[: plan.exact_end], buffer)
         out = stitcher.stitch(buffer, ids, spans, plan, ChunkReuse("first", share), "")
+        for key, kv in out.kv.placements:
+            cache.insert(key, kv)
+        stitcher.recycle(out)
         results[share] = out.logits
+        assert out.prefilled_tokens + out.stitched_tokens + out.recomputed_tokens == plan.reused_tokens
         assert out.recomputed_tokens == (plan.reused_tokens if share else 0)
     assert torch.allclose(results[1.0], reference, atol=1e-3)
     assert not torch.allclose(results[0.0], reference, atol=1e-3)  # the naive stitch does change them
@@ -99,7 +104,10 @@ def test_chunks_are_reused_wherever_they_stand(engine_chunks):
     assert cold.reuse == "chunks" and cold.stitched_tokens == 0  # b and c prefilled at their placements
     ids, spans = rag_prompt(engine_chunks.tokenizer, "cab", "Who leads the team?")
     before = engine_chunks.stats()["stitched_tokens"]
+    queried = engine_chunks.cache_stats(ns).query_tokens
     warm = engine_chunks.generate(ids, GREEDY, namespace=ns, chunk_spans=spans)
+    # the chunk placements' lookups are not prompt matches: only the prompt's own match counts
+    assert engine_chunks.cache_stats(ns).query_tokens == queried + len(ids) - 1
     reused = sum(e - s for s, e in spans[1:])
     assert warm.stitched_tokens + warm.recomputed_tokens == reused  # a and b: from their placements
     assert warm.recomputed_tokens > 0

@@ -29,7 +29,7 @@ from engine.encoding import Prompt, encode_prompt
 from engine.fused import FusedLlamaRunner, fused_unsupported_reason
 from engine.kv import BLOCK_TOKENS, KVBuffer
 from engine.memory import trim_heap
-from engine.models import DEFAULT_MODEL, load_model
+from engine.models import DEFAULT_MODEL, kv_bytes_per_token, load_model
 from engine.request import (
     EngineError,
     GenerationResult,
@@ -292,7 +292,11 @@ class Engine:
             return 0
         stats = self.cache.stats()
         held = stats.cached_tokens
-        per_token = stats.used_bytes / held if held else _kv_bytes_per_token(self.runner)
+        per_token = (
+            stats.used_bytes / held
+            if held
+            else kv_bytes_per_token(self.runner.config, self.runner.dtype.itemsize)
+        )
         return int((self.cache.capacity_bytes - stats.used_bytes) // max(per_token, 1))
 
     def stats(self) -> dict[str, Any]:
@@ -638,15 +642,6 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
         elif isinstance(source, (list, tuple)):
             ids.update(int(t) for t in source)
     return frozenset(ids)
-
-
-def _kv_bytes_per_token(runner: ModelRunner | FusedLlamaRunner) -> int:
-    """Bytes of keys and values per token, all layers, at the model's dtype."""
-    cfg = runner.config.get_text_config() if hasattr(runner.config, "get_text_config") else runner.config
-    heads = int(cfg.num_attention_heads)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-    return 2 * runner.num_layers * kv_heads * head_dim * runner.dtype.itemsize
 
 
 def _make_runner(model: Any, config: EngineConfig) -> ModelRunner | FusedLlamaRunner:

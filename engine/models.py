@@ -224,3 +224,12 @@ def load_tokenizer(model: str | os.PathLike[str] = DEFAULT_MODEL) -> Any:
 
     _, source = resolve_model_path(model)
     return AutoTokenizer.from_pretrained(source)
+
+
+def kv_bytes_per_token(model_config: Any, dtype_bytes: int = 4) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes: 46,080 B for SmolLM2-135M in float32."""
+    heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
+    head_dim = getattr(model_config, "head_dim", None) or (
+        model_config.hidden_size // model_config.num_attention_heads
+    )
+    return 2 * model_config.num_hidden_layers * heads * head_dim * dtype_bytes

@@ -48,11 +48,6 @@ class Stitched:
     kv: ChunkKV
     phases: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def overhead_s(self) -> float:
-        """The stitching's own work: loading, rotating, selecting."""
-        return self.phases.get("stitch_load", 0.0) + self.phases.get("stitch_select", 0.0)
-
 
 class ChunkStitcher:
     """Fetches, places and recomputes the reused chunks of one prompt over the fused runner."""

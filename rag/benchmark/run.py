@@ -23,7 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from engine.models import LoadedModel, load_model
+from engine.models import LoadedModel, kv_bytes_per_token, load_model
 from rag.benchmark.baselines import llama_cpp_status
 from rag.benchmark.config import BenchConfig
 from rag.benchmark.measure import OFF, TRANSFORMERS, Measurement, measure_stream, measure_tpot, sample_indices
@@ -37,7 +37,6 @@ from rag.benchmark.results import (
     targets,
     ttft_fit,
 )
-from rag.benchmark.simulate import kv_bytes_per_token
 from rag.benchmark.stats import summarize
 from rag.benchmark.sweep import UNBOUNDED, ReplayResult, Simulator, SweepPoint, SweepResult, run_sweep
 from rag.benchmark.texts import SYSTEM_PROMPT, TOOLS

@@ -121,12 +121,3 @@ class SimulatedEngine:
 
     def _namespace(self, tenant: str) -> str:
         return f"{self.model_id}{NAMESPACE_SEP}{tenant}"
-
-
-def kv_bytes_per_token(model_config: Any, dtype_bytes: int = 4) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes: 46,080 B for SmolLM2-135M in float32."""
-    heads = getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads
-    head_dim = getattr(model_config, "head_dim", None) or (
-        model_config.hidden_size // model_config.num_attention_heads
-    )
-    return 2 * model_config.num_hidden_layers * heads * head_dim * dtype_bytes

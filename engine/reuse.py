@@ -11,7 +11,7 @@ Example:
     >>> ChunkReuse(strategy="first", share=0.1).share
     0.1
     >>> resolve_reuse("chunks", ChunkReuse()).strategy
-    'deviation'
+    'first'
     >>> resolve_reuse("prefix", ChunkReuse()) is None
     True
 """
@@ -26,7 +26,7 @@ RecomputeStrategy = Literal["none", "first", "deviation"]
 REUSE_MODES: tuple[str, ...] = get_args(ReuseMode)
 STRATEGIES: tuple[str, ...] = get_args(RecomputeStrategy)
 
-DEFAULT_STRATEGY: RecomputeStrategy = "deviation"
+DEFAULT_STRATEGY: RecomputeStrategy = "first"
 DEFAULT_SHARE = 0.2
 DEFAULT_DEVIATION_LAYER = 1
 # RoPE variants whose rotation by p then by d equals the rotation by p + d (position-linear angles,

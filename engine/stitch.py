@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -107,7 +106,7 @@ class StitchedPrefill:
         every = torch.sort(torch.cat([always, reused])).values
         layer = min(policy.deviation_layer, self.runner.num_layers - 1)
         x = self._layers(buffer, self._embed(prompt_ids, every), every, range(layer))
-        budget = min(round(policy.share * len(reused)), len(reused))
+        budget = min(int(policy.share * len(reused)), len(reused))  # never over the share
         clock = time.perf_counter()
         picks = self._most_deviating(buffer, x, every, reused, layer, budget)
         chosen = torch.sort(torch.cat([always, picks])).values
@@ -166,14 +165,14 @@ class StitchedPrefill:
 
 
 def first_tokens(plan: StitchPlan, share: float) -> list[int]:
-    """Positions of the first ``share`` of each reused chunk's tokens (at least one per chunk when
-    ``share > 0``), counted from the chunk's own start, within the run."""
+    """Positions of the first ``share`` of each reused chunk's tokens (rounded down, at least one per
+    chunk when ``share > 0``), counted from the chunk's own start, within the run."""
     if share <= 0:
         return []
     picks: list[int] = []
     for run in plan.runs:
         chunk_len = run.offset + run.length
-        head = max(1, math.ceil(share * chunk_len))
+        head = max(1, int(share * chunk_len))  # never over the share, but one token at least
         picks.extend(range(run.start, run.start + max(0, min(head - run.offset, run.length))))
     return picks
 

@@ -9,6 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.kv_codec import KVDType
 from engine.models import DEFAULT_MODEL
+from engine.reuse import (
+    DEFAULT_DEVIATION_LAYER,
+    DEFAULT_SHARE,
+    DEFAULT_STRATEGY,
+    ChunkReuse,
+    RecomputeStrategy,
+    ReuseMode,
+)
 from prefix_cache import CacheConfig
 from prefix_cache.eviction import DEFAULT_ATTENTION_WINDOW
 
@@ -130,3 +138,28 @@ class EngineConfig(BaseModel):
         if self.weights == "int8" and self.runner == "hf":
             raise ValueError("weights='int8' runs on the fused runner only; use runner='auto' or 'fast'")
         return self
+
+    reuse: ReuseMode = Field(
+        default="prefix",
+        description="'prefix': reuse the longest cached prefix (exact); 'chunks': also reuse every cached "
+        "retrieved chunk wherever it stands (approximate, see chunk_recompute; requests pass chunk_spans). "
+        "Requests may override it",
+    )
+    chunk_recompute: RecomputeStrategy = Field(
+        default=DEFAULT_STRATEGY,
+        description="chunks mode: which reused chunk tokens are recomputed so chunks see each other: "
+        "'none', 'first' (each chunk's first tokens), 'deviation' (CacheBlend: most deviating K/V)",
+    )
+    chunk_recompute_share: float = Field(
+        default=DEFAULT_SHARE, ge=0, le=1, description="chunks mode: share of reused chunk tokens recomputed"
+    )
+    chunk_deviation_layer: int = Field(
+        default=DEFAULT_DEVIATION_LAYER,
+        ge=1,
+        description="chunks mode, 'deviation': the layer whose K/V deviation selects the tokens "
+        "(layers below it are recomputed for every chunk token)",
+    )
+
+    def chunk_reuse(self) -> ChunkReuse:
+        """The recompute settings chunks-mode requests get unless they bring their own."""
+        return ChunkReuse(self.chunk_recompute, self.chunk_recompute_share, self.chunk_deviation_layer)

@@ -3,7 +3,8 @@
 A request's life, top to bottom:
   submit ─► Scheduler (longest cached prefix first, with aging)
          ─► _start:   match (capped at len-1) ─► lock ─► load cached KV ─► prefill the suffix
-                      ─► insert the prompt's KV ─► first token (TTFT)
+                      (chunks mode: the exact part, then the stitched chunks, engine.stitcher)
+                      ─► first token (TTFT) ─► insert the prompt's exact KV
          ─► _advance: one decode step per running request per engine step (batched when the runner can)
          ─► _finish:  insert prompt+completion KV (the next turn hits) ─► unlock ─► final event
 """
@@ -21,6 +22,7 @@ import torch
 
 from engine.block_pool import KVBlockPool
 from engine.buffer_pool import BufferPool
+from engine.chunk_sources import RequestCancelled
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
 from engine.disk_tier import open_disk_tier
@@ -39,9 +41,12 @@ from engine.request import (
     StreamEvent,
     final_result,
 )
+from engine.reuse import ChunkReuse, chunks_unsupported_reason, resolve_reuse
 from engine.runner import ModelRunner, prefix_reuse_blocker
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler
+from engine.stitch_plan import check_spans, plan_stitch
+from engine.stitcher import ChunkStitcher, Stitched
 from engine.warm import WarmResult, warm_prompts
 from prefix_cache import RadixCache
 
@@ -85,6 +90,15 @@ class Engine:
         self.kv_blocks = KVBlockPool(BLOCK_TOKENS, slab) if slab else None
         self.scheduler = Scheduler(self._probe, self.config.max_waiting, self.config.aging_rate)
         self.disk = open_disk_tier(self, model) if self.caching else None
+        self.chunks_blocker = chunks_unsupported_reason(self.runner, self.caching)
+        if self.config.reuse == "chunks" and self.chunks_blocker:
+            log.warning("reuse='chunks' falls back to 'prefix' for %s: %s", model_id, self.chunks_blocker)
+        self.stitcher = (
+            ChunkStitcher(self.cache, self.runner, self.buffers, self.disk)
+            if self.chunks_blocker is None and isinstance(self.runner, FusedLlamaRunner)
+            else None
+        )
+        self._chunks_fallback_logged = False
         self._running: list[Request] = []
         self._wakeup = threading.Condition()
         self._stopping = False
@@ -97,6 +111,10 @@ class Engine:
             "prompt_tokens": 0,
             "cached_tokens": 0,
             "completion_tokens": 0,
+            "stitched_requests": 0,
+            "stitched_tokens": 0,
+            "recomputed_tokens": 0,
+            "chunk_prefill_tokens": 0,
             "prefill_s": 0.0,
             "decode_s": 0.0,
         }
@@ -146,9 +164,20 @@ class Engine:
         *,
         namespace: str = "",
         public_prefix: int = 0,
+        reuse: str | ChunkReuse | None = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
     ) -> GenerationResult:
         """Run one request to completion (thread-safe; concurrent calls are scheduled together)."""
-        return final_result(self.stream(prompt, params, namespace=namespace, public_prefix=public_prefix))
+        return final_result(
+            self.stream(
+                prompt,
+                params,
+                namespace=namespace,
+                public_prefix=public_prefix,
+                reuse=reuse,
+                chunk_spans=chunk_spans,
+            )
+        )
 
     def stream(
         self,
@@ -157,10 +186,19 @@ class Engine:
         *,
         namespace: str = "",
         public_prefix: int = 0,
+        reuse: str | ChunkReuse | None = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
     ) -> RequestStream:
         """Yield text deltas as they are decoded. ``close()`` or ``cancel()`` on the returned stream
         (from any thread, started or not) cancels the request and releases its cache lock."""
-        request = self.submit(prompt, params, namespace=namespace, public_prefix=public_prefix)
+        request = self.submit(
+            prompt,
+            params,
+            namespace=namespace,
+            public_prefix=public_prefix,
+            reuse=reuse,
+            chunk_spans=chunk_spans,
+        )
         return RequestStream(request, self._cancel)
 
     def submit(
@@ -170,13 +208,52 @@ class Engine:
         *,
         namespace: str = "",
         public_prefix: int = 0,
+        reuse: str | ChunkReuse | None = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
     ) -> Request:
         """Validate and enqueue a request; consume ``request.events`` (or use stream/generate).
 
         ``public_prefix``: how many leading prompt tokens are public material (the caller vouches
         that they hold nothing of the tenant's): they are also read from and written to the public
         namespace, which every tenant shares. The rest of the prompt stays in ``namespace`` only.
+        ``reuse``: None (the engine's ``config.reuse``), ``"prefix"``, ``"chunks"`` or a ``ChunkReuse``.
+        ``chunk_spans``: ``(start, end)`` token ranges of the retrieved chunks in the prompt (ascending);
+        the tokens before the first span are the prefix every chunk is cached after. Without spans,
+        chunks mode has nothing to stitch and serves the request as prefix mode does.
         """
+        return self._enqueue(self._request(prompt, params, namespace, public_prefix, reuse, chunk_spans))
+
+    def score(
+        self,
+        prompt: PromptInput,
+        continuation: Sequence[int],
+        *,
+        namespace: str = "",
+        reuse: str | ChunkReuse | None = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
+    ) -> RequestStream:
+        """Teacher forcing: a request that feeds ``continuation`` instead of sampling; its result's
+        ``scores`` (float32 ``[len(continuation), vocab]`` log-probabilities) hold the next-token
+        distribution after the prompt and after each continuation prefix. Scheduled, batched and
+        cached like any request (for measuring what a reuse mode does to the model's predictions)."""
+        forced = encode_prompt(self.tokenizer, list(continuation), self.runner.vocab_size)
+        if not forced:
+            raise ValueError("continuation is empty: score needs at least one token")
+        params = SamplingParams(max_tokens=len(forced), ignore_eos=True)
+        request = self._request(prompt, params, namespace, 0, reuse, chunk_spans)
+        request.forced_ids = forced
+        return RequestStream(self._enqueue(request), self._cancel)
+
+    def _request(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None,
+        namespace: str,
+        public_prefix: int,
+        reuse: str | ChunkReuse | None,
+        chunk_spans: Sequence[tuple[int, int]] | None,
+    ) -> Request:
+        """A validated request (not yet queued)."""
         params = params or SamplingParams()
         ids = self.encode(prompt)
         if not ids:
@@ -187,14 +264,19 @@ class Engine:
             raise ValueError(f"namespace must be a string, got {type(namespace).__name__}")
         if isinstance(public_prefix, bool) or not isinstance(public_prefix, int) or public_prefix < 0:
             raise ValueError(f"public_prefix must be a non-negative int, got {public_prefix!r}")
-        request = Request(
+        spans = check_spans(chunk_spans or (), len(ids))
+        return Request(
             prompt_ids=ids,
             params=params,
             namespace=self._namespace(namespace),
             detok=Detokenizer(self.tokenizer, params.stop),
             eos_ids=frozenset() if params.ignore_eos else self.eos_ids | frozenset(params.stop_token_ids),
             public_tokens=min(public_prefix, len(ids)),
+            chunk_reuse=self._chunk_reuse(reuse),
+            chunk_spans=spans,
         )
+
+    def _enqueue(self, request: Request) -> Request:
         self._ensure_worker()
         with self._wakeup:
             try:
@@ -214,6 +296,17 @@ class Engine:
         if not self.caching:
             raise ValueError("warm needs the prefix cache: this engine has caching off")
         return warm_prompts(self, prompts, namespace=namespace, progress=progress)
+
+    def _chunk_reuse(self, reuse: str | ChunkReuse | None) -> ChunkReuse | None:
+        """A request's chunk settings (None: prefix mode); chunks mode falls back where unsupported."""
+        default = self.config.chunk_reuse() if self.config.reuse == "chunks" else None
+        policy = resolve_reuse(reuse, default)
+        if policy is not None and self.chunks_blocker is not None:
+            if not self._chunks_fallback_logged:
+                log.warning("reuse='chunks' served as 'prefix' on %s: %s", self.model_id, self.chunks_blocker)
+                self._chunks_fallback_logged = True
+            return None
+        return policy
 
     def cache_stats(self, namespace: str | None = None) -> Any:
         """The prefix cache's CacheStats, for one tenant namespace or (None) all of them."""
@@ -235,6 +328,15 @@ class Engine:
             return 0
         where = self._public if public else self._namespace(namespace)
         return int(self.cache.peek_length(list(token_ids), namespace=where))
+
+    def free_cache_tokens(self) -> int:
+        """Tokens of KV the prefix cache can still take without evicting anything (0: caching off)."""
+        if not self.caching:
+            return 0
+        stats = self.cache.stats()
+        held = stats.cached_tokens
+        per_token = stats.used_bytes / held if held else self.kv_codec.bytes_per_token(self.kv_geometry)
+        return int((self.cache.capacity_bytes - stats.used_bytes) // max(per_token, 1))
 
     def stats(self) -> dict[str, Any]:
         """Engine counters plus the prefix cache's."""
@@ -331,13 +433,17 @@ class Engine:
         if self.disk is not None:  # the disk tier extends the RAM match by whole blocks, same cap
             req.cached_tokens += self.disk.extend(req.buffer, ids, req.namespace, limit=len(ids) - 1)
             clock = req.phase("disk", clock)
-        suffix = ids[req.cached_tokens :]
-        step = self.config.prefill_chunk_tokens
-        for start in range(0, len(suffix), step):  # chunks: a cancelled request stops between them
-            if req.cancelled.is_set():
-                self._finish(req, "cancelled")
-                return
-            logits = self.runner.prefill(suffix[start : start + step], req.buffer)
+        exact = req.cached_tokens
+        plan = plan_stitch(len(ids), req.chunk_spans, exact) if req.chunk_reuse else None
+        logits = self._prefill(req, ids[exact : plan.exact_end if plan else len(ids)])
+        stitched = None
+        if plan is not None and not req.cancelled.is_set():
+            req.exact_end = plan.exact_end
+            stitched = self._stitch(req, plan)
+            logits = stitched.logits if stitched is not None else None
+        if req.cancelled.is_set() or logits is None:
+            self._finish(req, "cancelled")
+            return
         req.phase("prefill", clock)
         req.prefill_s = time.perf_counter() - req.started
         self._counters["prefill_s"] += req.prefill_s
@@ -346,14 +452,66 @@ class Engine:
         # the copy still lands before the next request is matched. A request done at once (one token,
         # EOS) is inserted by _finish.
         self._emit(req, self._sample(req, logits))
+        if stitched is not None:
+            self._insert_placements(req, stitched)
         if not req.done.is_set():
             self._insert(req, len(ids))
             self._running.append(req)
+
+    def _prefill(self, req: Request, tokens: list[int]) -> torch.Tensor | None:
+        """Prefill ``tokens`` after what the buffer holds, in chunks (a cancelled request stops between
+        them: None); the last position's logits (None for no tokens)."""
+        logits = None
+        step = self.config.prefill_chunk_tokens
+        for start in range(0, len(tokens), step):
+            if req.cancelled.is_set():
+                return None
+            assert req.buffer is not None
+            logits = self.runner.prefill(tokens[start : start + step], req.buffer)
+        return logits
+
+    def _stitch(self, req: Request, plan: Any) -> Stitched | None:
+        """The chunks-mode rest of the prompt after its exact part (None: cancelled meanwhile)."""
+        assert self.stitcher is not None and req.buffer is not None and req.chunk_reuse is not None
+        try:
+            stitched = self.stitcher.stitch(
+                req.buffer,
+                req.prompt_ids,
+                req.chunk_spans,
+                plan,
+                req.chunk_reuse,
+                req.namespace,
+                req.cancelled,
+            )
+        except RequestCancelled:
+            return None
+        req.phases.update(stitched.phases)
+        req.stitched_tokens = stitched.stitched_tokens
+        req.recomputed_tokens = stitched.recomputed_tokens
+        req.chunk_prefill_tokens = stitched.prefilled_tokens
+        self._counters["stitched_requests"] += 1
+        self._counters["chunk_prefill_tokens"] += stitched.prefilled_tokens
+        return stitched
+
+    def _insert_placements(self, req: Request, stitched: Stitched) -> None:
+        """Cache the chunk placements computed for this request (exact KV of ``anchor + chunk``)."""
+        clock = time.perf_counter()
+        try:
+            for key, kv in stitched.kv.placements:
+                self.cache.insert(key, kv, namespace=req.namespace)
+                if self.disk is not None:
+                    self.disk.persist(req.namespace, key)
+        finally:
+            assert self.stitcher is not None
+            self.stitcher.recycle(stitched)
+        req.phases["insert"] = req.phases.get("insert", 0.0) + time.perf_counter() - clock
 
     def _insert(self, req: Request, length: int) -> None:
         """Cache the KV of the request's first ``length`` tokens (timed as its "insert" phase)."""
         if not self.caching or req.buffer is None:
             return
+        if req.exact_end is not None:  # chunks mode: stitched KV never enters the exact tree
+            length = min(length, req.exact_end)
         clock = time.perf_counter()
         kv = req.buffer.segment(0, length, self.kv_blocks)
         tokens = req.all_ids[:length]
@@ -422,6 +580,9 @@ class Engine:
         return rows
 
     def _sample(self, req: Request, logits: torch.Tensor) -> int:
+        if req.forced_ids is not None:  # scoring: record the distribution, feed the given token
+            req.scores.append(torch.log_softmax(logits.float(), dim=-1))
+            return req.forced_ids[len(req.output_ids)]
         history = (
             req.output_ids if req.params.repetition_penalty != 1.0 else ()
         )  # the answer only: copying facts from the context is the point
@@ -475,6 +636,8 @@ class Engine:
         self._counters["prompt_tokens"] += result.prompt_tokens
         self._counters["cached_tokens"] += result.cached_tokens
         self._counters["completion_tokens"] += result.completion_tokens
+        self._counters["stitched_tokens"] += result.stitched_tokens
+        self._counters["recomputed_tokens"] += result.recomputed_tokens
         req.events.put(StreamEvent(tail, [], req.id, finish_reason=reason, result=result))
         req.done.set()
 

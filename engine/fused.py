@@ -341,6 +341,18 @@ class FusedLlamaRunner:
             out[start:end] = attn[: end - start]
         return out
 
+    def _attn_out(self, layer: _Layer, attn: torch.Tensor) -> torch.Tensor:
+        # attn: [T, H*D] -> [T, hidden] (o_proj)
+        return self._linear(attn, layer.wo, layer.bo)
+
+    def round_kv(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V as the cache stores them (rounded through the KV format; unchanged for float32)."""
+        return self.kv_format(k), self.kv_format(v)
+
+    def kv_format(self, x: torch.Tensor) -> torch.Tensor:
+        """Keys or values rounded through the cache's KV format (unchanged for float32)."""
+        return x if self._kv_round is None else self._kv_round(x)
+
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [T] -> cos/sin [T, 1, D] broadcasting over heads
         cos, sin = self.rotary(self.embed[:1], positions.unsqueeze(0))
@@ -402,14 +414,13 @@ class FusedLlamaRunner:
         k_store, v_store = buffer.stores()
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
-            if self._kv_round is not None:
-                k, v = self._kv_round(k[:s]), self._kv_round(v[:s])
+            k, v = self.round_kv(k[:s], v[:s])
             k_store[i, 0, :, past : past + s] = k[:s].transpose(0, 1)
             v_store[i, 0, :, past : past + s] = v[:s].transpose(0, 1)
             attn = self._attend_spans(
                 q, k_store[i, :, :, :keys_end], v_store[i, :, :, :keys_end], past, spans
             )
-            x = x + self._linear(attn, layer.wo, layer.bo)
+            x = x + self._attn_out(layer, attn)
             x = x + self._mlp(layer, x)
         buffer.set_length(past + s)
         return self._logits(self._pad_rows(x[s - 1 : s], self._rows(1)))[0]
@@ -447,8 +458,7 @@ class FusedLlamaRunner:
         stores = [b.stores() for b in buffers]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)  # [B', H, D], [B', KVH, D]
-            if self._kv_round is not None:
-                k, v = self._kv_round(k), self._kv_round(v)
+            k, v = self.round_kv(k, v)
             outs = []
             for j, (k_store, v_store) in enumerate(stores):
                 p, end = pasts[j], ends[j]
@@ -457,7 +467,7 @@ class FusedLlamaRunner:
                 qj = self._pad_rows(q[j : j + 1], rows)  # [rows, H, D]
                 attn = self._attend(qj, k_store[i, :, :, :end], v_store[i, :, :, :end], p, masks[j])
                 outs.append(attn[:1])
-            x = x + self._linear(self._pad_rows(torch.cat(outs), len(ids)), layer.wo, layer.bo)
+            x = x + self._attn_out(layer, self._pad_rows(torch.cat(outs), len(ids)))
             x = x + self._mlp(layer, x)
         for b, p in zip(buffers, pasts):
             b.set_length(p + 1)

@@ -389,10 +389,13 @@ class KVBuffer(Cache):
             layer.keys, layer.values = k[layer.index, :, :, :n], v[layer.index, :, :, :n]
 
     @torch.inference_mode()  # storage made in a forward (or recycled from one) is an inference tensor
-    def load_prefix(self, segments: Sequence[KVSegment]) -> int:
-        """Copy cached segments (in order) into an empty buffer; returns the tokens loaded."""
-        if self.length:
-            raise ValueError("load_prefix needs an empty buffer")
+    def load_prefix(self, segments: Sequence[KVSegment], start: int = 0) -> int:
+        """Copy cached segments (in order) into the buffer from token ``start`` on (the buffer must hold
+        exactly ``start`` tokens; 0: an empty buffer); returns the tokens loaded."""
+        if self.length != start:
+            raise ValueError(
+                f"load_prefix at {start} needs a buffer holding {start} tokens, not {self.length}"
+            )
         return self.extend(segments)
 
     @torch.inference_mode()

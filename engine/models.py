@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.kv_codec import KVGeometry
 from engine.paths import prefixrag_home
 
 log = logging.getLogger(__name__)
@@ -224,3 +225,8 @@ def load_tokenizer(model: str | os.PathLike[str] = DEFAULT_MODEL) -> Any:
 
     _, source = resolve_model_path(model)
     return AutoTokenizer.from_pretrained(source)
+
+
+def kv_bytes_per_token(model_config: Any, dtype_bytes: int = 4) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes: 46,080 B for SmolLM2-135M in float32."""
+    return KVGeometry.from_config(model_config).raw_bytes_per_token(dtype_bytes)

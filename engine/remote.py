@@ -25,7 +25,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -122,18 +122,41 @@ class RemoteEngine:
         return list(value)
 
     def generate(
-        self, prompt: PromptInput, params: SamplingParams | None = None, *, namespace: str = ""
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        *,
+        namespace: str = "",
+        reuse: Any = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
     ) -> GenerationResult:
         """Run one request to completion (raises EngineError, ValueError or QueueFullError)."""
-        return final_result(self.stream(prompt, params, namespace=namespace), self.base_url)
+        return final_result(
+            self.stream(prompt, params, namespace=namespace, reuse=reuse, chunk_spans=chunk_spans),
+            self.base_url,
+        )
 
     def stream(
-        self, prompt: PromptInput, params: SamplingParams | None = None, *, namespace: str = ""
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        *,
+        namespace: str = "",
+        reuse: Any = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
     ) -> Iterator[StreamEvent]:
         """Yield text deltas as the server streams them; the last event carries the result.
-        Closing the iterator early closes the connection (the server cancels the request)."""
+        Closing the iterator early closes the connection (the server cancels the request).
+
+        Prefix reuse only: ``reuse`` other than None/"prefix" is refused (an OpenAI-compatible server
+        takes no chunk spans); ``chunk_spans`` are accepted and unused."""
         if not isinstance(namespace, str):
             raise ValueError(f"namespace must be a string, got {type(namespace).__name__}")
+        if reuse not in (None, "prefix"):
+            raise ValueError(
+                f"reuse={reuse!r}: a remote engine reuses exact prefixes only (chunk reuse needs a local "
+                "Engine); use reuse='prefix' or leave it unset"
+            )
         kind, value = _classify(prompt)
         body = _sampling_body(self.model_id, params or SamplingParams(), namespace)
         return self._events(kind, value, body)

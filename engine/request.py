@@ -10,8 +10,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
+
 from engine.detokenizer import Detokenizer
 from engine.kv import KVBuffer
+from engine.reuse import ChunkReuse
 from engine.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
@@ -39,6 +42,11 @@ class GenerationResult:
     request_id: str = ""
     phases: dict[str, float] = field(default_factory=dict)  # seconds: match, load, prefill, insert
     reported_completion_tokens: int | None = None  # a remote server's count, when ids are not known
+    reuse: str = "prefix"  # the reuse mode that served the request ("chunks": see stitched_tokens)
+    stitched_tokens: int = 0  # prompt tokens whose KV came from cached chunks at other positions
+    recomputed_tokens: int = 0  # tokens of those cached chunks recomputed over the stitched context
+    chunk_prefill_tokens: int = 0  # chunk tokens prefilled at their placement (not cached yet) and cached
+    scores: Any = None  # Engine.score: float32 [continuation, vocab] next-token log-probabilities
 
     @property
     def completion_tokens(self) -> int:
@@ -116,6 +124,16 @@ class Request:
     prefill_s: float = 0.0
     max_new_tokens: int = 0
     phases: dict[str, float] = field(default_factory=dict)
+    # chunks mode (engine.reuse): the request's settings and spans, what the stitch reused
+    chunk_reuse: ChunkReuse | None = None
+    chunk_spans: list[tuple[int, int]] = field(default_factory=list)
+    exact_end: int | None = None  # only the prompt's first exact_end tokens may be cached
+    stitched_tokens: int = 0
+    recomputed_tokens: int = 0
+    chunk_prefill_tokens: int = 0
+    # Engine.score: tokens fed instead of sampled, and the log-probabilities seen before each
+    forced_ids: list[int] | None = None
+    scores: list[Any] = field(default_factory=list)
 
     def phase(self, name: str, since: float) -> float:
         """Record the time since ``since`` under ``name``; return now."""
@@ -141,6 +159,11 @@ class Request:
             prefill_s=self.prefill_s,
             request_id=self.id,
             phases=dict(self.phases),
+            reuse="chunks" if self.chunk_reuse is not None else "prefix",
+            stitched_tokens=self.stitched_tokens,
+            recomputed_tokens=self.recomputed_tokens,
+            chunk_prefill_tokens=self.chunk_prefill_tokens,
+            scores=_stack(self.scores),
         )
 
 
@@ -186,3 +209,7 @@ class RequestStream(Iterator[StreamEvent]):
     def __del__(self) -> None:  # a dropped, unfinished stream must not hold its cache lock forever
         if not self._finished and not self.request.done.is_set():
             self.request.cancelled.set()
+
+
+def _stack(rows: list[Any]) -> Any:
+    return torch.stack(rows) if rows else None

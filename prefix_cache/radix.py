@@ -105,23 +105,31 @@ class RadixCache:
     # ---- match --------------------------------------------------------------------------------------
 
     def match_prefix(
-        self, tokens: Tokens, namespace: str = "", *, max_length: int | None = None, lock: bool = False
+        self,
+        tokens: Tokens,
+        namespace: str = "",
+        *,
+        max_length: int | None = None,
+        lock: bool = False,
+        count: bool = True,
     ) -> MatchResult:
         """Longest cached prefix of `tokens[:max_length]` (whole pages); refreshes its access time.
 
         With `lock=True` the returned node is locked in the same critical section (no other thread
-        can evict it between match and lock); release it with `unlock(result.node)`.
+        can evict it between match and lock); release it with `unlock(result.node)`. `count=False`
+        keeps the lookup out of the hit-rate counters (a lookup that is not a prompt's own match).
         """
         toks = as_token_list(tokens)
         n = _capped(len(toks), max_length)
         with self._mutex:
             tree = self._tree(namespace)
             c = tree.counters
-            c.matches += 1
-            c.query_tokens += n
             path, length = self._find(tree, toks, page_floor(n, self._page))
             self._touch(path, hit=True)
-            c.hit_tokens += length
+            if count:
+                c.matches += 1
+                c.query_tokens += n
+                c.hit_tokens += length
             node = path[-1] if path else tree.root
             if lock:
                 self._lock(node)

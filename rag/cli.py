@@ -41,6 +41,21 @@ def _index_dir(index: Path | None) -> Path:
     return (index or prefixrag_home() / "indexes" / "default").expanduser()
 
 
+def _app_engine(engine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Engine overrides as `serve` runs them: ``engine`` plus the app's weights unless set."""
+    engine = dict(engine or {})
+    engine.setdefault("weights", os.environ.get("PREFIXRAG_ENGINE__WEIGHTS") or APP_WEIGHTS)
+    return engine
+
+
+def _app_settings() -> Any:
+    """The settings `serve` runs with (PREFIXRAG_* variables, the app's weights, the disk KV tier under
+    $PREFIXRAG_HOME/kv): what `ingest --warm` and `cache warm` prefill for, so that serve reads it."""
+    from rag.api.settings import Settings
+
+    return Settings(engine=_app_engine()).with_disk_cache_default()  # type: ignore[arg-type]
+
+
 def _read_prompts(path: Path) -> list[Any]:
     """A ``.json`` file's list of prompts (strings, or lists of ``{"role", "content"}`` messages), or a
     text file's non-empty lines; ValueError naming what is wrong."""
@@ -73,14 +88,31 @@ def ingest(
     paths: list[Path] = typer.Argument(..., help="files (.txt .md .html .pdf) and folders, recursively"),
     index: Path = typer.Option(None, "--index", help=INDEX_HELP),
     collection: str = typer.Option("default", "--collection", help=COLLECTION_HELP),
+    warm: bool = typer.Option(
+        False,
+        "--warm",
+        help="then prefill every chunk's KV for `prefixrag serve` (same PREFIXRAG_* settings) into the disk "
+        "KV tier it reads ($PREFIXRAG_HOME/kv by default; resumable, within the RAM cache budget)",
+    ),
 ) -> None:
     """Add documents to a collection of an index (unchanged files are skipped; changed ones replace
     their chunks)."""
+    from pydantic import ValidationError
+
     from rag.config import RAGConfig
     from rag.pipeline import Pipeline
 
     target = _index_dir(index)
-    pipeline = Pipeline.from_config(RAGConfig(index_dir=target))
+    try:  # warming prefills for the engine `serve` runs, into the disk tier it reads
+        config = (
+            RAGConfig(index_dir=target, engine=_app_settings().engine)
+            if warm
+            else RAGConfig(index_dir=target)
+        )
+    except ValidationError as exc:
+        console.print(f"[red]invalid settings:[/] {exc}")
+        raise typer.Exit(2) from exc
+    pipeline = Pipeline.from_config(config)
     try:
         result = pipeline.ingest(paths, collection=collection, show_progress=True)
     except (FileNotFoundError, ValueError) as exc:
@@ -94,6 +126,20 @@ def ingest(
     )
     for skipped in result.skipped:
         console.print(f"[yellow]skipped[/] {skipped.path}: {skipped.reason}")
+    if warm:
+        report = pipeline.warm(show_progress=True)
+        console.print(warm_summary(report))
+
+
+def warm_summary(report: Any) -> str:
+    """One line on a ``WarmReport``."""
+    line = (
+        f"warmed {report.warmed} chunks ({report.tokens:,} tokens, {report.seconds:.1f} s), "
+        f"{report.already_cached} already cached"
+    )
+    if report.not_fitted:
+        line += f", [yellow]{len(report.not_fitted)} did not fit the cache budget[/]"
+    return line + (" (cancelled)" if report.cancelled else "")
 
 
 @app.command()
@@ -156,7 +202,7 @@ def demo(
 
     from engine.config import EngineConfig
     from rag.config import RAGConfig
-    from rag.demo import DEMO_QUESTIONS, default_demo_index, run_demo
+    from rag.demo import DEMO_QUESTIONS, DEMO_REPHRASED, default_demo_index, run_demo
 
     try:
         engine = EngineConfig(model=model, weights=weights)  # type: ignore[arg-type]
@@ -164,7 +210,14 @@ def demo(
         console.print(f"[red]invalid settings:[/] {exc}")
         raise typer.Exit(2) from exc
     config = RAGConfig(max_tokens=max_tokens, engine=engine)
-    run_demo(console, config, index or default_demo_index(), DEMO_QUESTIONS[:questions], topics=topics)
+    run_demo(
+        console,
+        config,
+        index or default_demo_index(),
+        DEMO_QUESTIONS[:questions],
+        DEMO_REPHRASED[:questions],
+        topics=topics,
+    )
 
 
 @app.command()
@@ -190,9 +243,9 @@ def serve(
 
     overrides: dict[str, Any] = {"host": host, "port": port, "index_dir": index}
     engine: dict[str, Any] = {"model": model} if model else {}  # merged into PREFIXRAG_ENGINE__* values
-    weights = weights or os.environ.get("PREFIXRAG_ENGINE__WEIGHTS") or APP_WEIGHTS
-    engine["weights"] = weights
-    overrides["engine"] = engine
+    if weights:
+        engine["weights"] = weights
+    overrides["engine"] = _app_engine(engine)
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
         if settings.index_dir is None:  # serve what `prefixrag ingest` wrote
@@ -232,11 +285,10 @@ def cache_warm(
     from rich.progress import Progress
 
     from engine import Engine
-    from rag.api.settings import Settings
 
     try:
         items: list[Any] = list(prompts or []) + (_read_prompts(file) if file is not None else [])
-        settings = Settings().with_disk_cache_default()
+        settings = _app_settings()
     except (OSError, ValueError, ValidationError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
@@ -377,6 +429,9 @@ def bench(
     weights_section: bool = typer.Option(
         True, "--weights-section/--no-weights-section", help="int8 vs float32 vs llama.cpp, int8 fidelity"
     ),
+    chunks_section: bool = typer.Option(
+        True, "--chunks-section/--no-chunks-section", help="chunk reuse: speed and fidelity to full prefill"
+    ),
     report_only: bool = typer.Option(
         False, "--report-only", help="redraw plots and report.md from OUT/results.json; measure nothing"
     ),
@@ -400,6 +455,7 @@ def bench(
         radix_section=radix_section,
         kv_section=kv_section,
         weights_section=weights_section,
+        chunks_section=chunks_section,
     )
 
 

@@ -2,7 +2,8 @@
 
 question ─► KnowledgeBase.search_timed (hybrid retrieval, optional rerank)
          ─► PromptAssembler.assemble (stable prefix first; chunk order the cache holds longest)
-         ─► engine.stream(token_ids, namespace=tenant) ─► Answer(text, sources, usage, timings)
+         ─► engine.stream(token_ids, namespace=tenant, reuse=..., chunk_spans=...)
+         ─► Answer(text, sources, usage, timings)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from engine.request import GenerationResult, StreamEvent
+from engine.reuse import REUSE_MODES
 from engine.sampling import SamplingParams
 from rag.config import RAGConfig
 from rag.ingestion.documents import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
@@ -24,6 +26,7 @@ from rag.ingestion.loaders import LoadResult
 from rag.ingestion.store import DocumentInfo, KnowledgeBase
 from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler
 from rag.prompt.public import public_prefix_length
+from rag.warming import WarmReport, warm_chunks
 
 
 class GenerationBackend(Protocol):
@@ -33,7 +36,13 @@ class GenerationBackend(Protocol):
     tokenizer: Any
 
     def stream(
-        self, prompt: Any, params: SamplingParams | None = None, *, namespace: str = ""
+        self,
+        prompt: Any,
+        params: SamplingParams | None = None,
+        *,
+        namespace: str = "",
+        reuse: Any = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
     ) -> Iterator[StreamEvent]: ...
 
 
@@ -56,9 +65,16 @@ class Source:
 
 @dataclass(frozen=True)
 class Usage:
+    """Token counts. ``cached_tokens``: the exact prefix reused; ``stitched_tokens``: prompt tokens whose
+    KV came from cached chunks at other positions (``reuse="chunks"``), of which ``recomputed_tokens``
+    were computed again so the chunks see each other; ``reuse``: the mode that served the request."""
+
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    stitched_tokens: int = 0
+    recomputed_tokens: int = 0
+    reuse: str = "prefix"
 
     @property
     def total_tokens(self) -> int:
@@ -187,6 +203,34 @@ class Pipeline:
         self.kb.warm_up()
         _ = self.assembler
 
+    def warm(
+        self,
+        namespace: str = "",
+        *,
+        show_progress: bool = False,
+        cancel: threading.Event | None = None,
+        progress: Any = None,
+        collections: Iterable[str] | None = None,
+    ) -> WarmReport:
+        """Prefill every chunk of ``collections`` (default: all) at its placement in the engine's cache
+        for ``namespace`` (``rag.warming``): resumable, cancellable through ``cancel``, within the cache
+        budget (``report.not_fitted`` lists the rest)."""
+        selected = None if collections is None else _names(collections)
+        chunks = [
+            ScoredChunk.of(c, 0.0)
+            for info in self.kb.list_documents(selected)
+            for c in self.kb.chunks_of(info.id, info.collection)
+        ]
+        return warm_chunks(
+            self.engine,
+            self.assembler,
+            chunks,
+            namespace,
+            show_progress=show_progress,
+            cancel=cancel,
+            progress=progress,
+        )
+
     # ---- documents ----------------------------------------------------------------------------
     def add_documents(
         self, docs: Iterable[Document], *, collection: str = DEFAULT_COLLECTION, show_progress: bool = False
@@ -256,10 +300,15 @@ class Pipeline:
         *,
         params: SamplingParams | None = None,
         collections: Iterable[str] | None = None,
+        reuse: str | None = None,
     ) -> Answer:
-        """Answer a question from the documents of ``collections`` (default: all)."""
+        """Answer a question from the documents of ``collections`` (default: all). ``reuse``: the
+        engine's KV reuse mode for this request (None: the engine's own; ``"chunks"`` also reuses
+        cached chunks out of prefix order)."""
         answer = None
-        for event in self.stream(question, top_k, namespace, params=params, collections=collections):
+        for event in self.stream(
+            question, top_k, namespace, params=params, collections=collections, reuse=reuse
+        ):
             answer = event.answer or answer
         assert answer is not None
         return answer
@@ -272,6 +321,7 @@ class Pipeline:
         *,
         params: SamplingParams | None = None,
         collections: Iterable[str] | None = None,
+        reuse: str | None = None,
     ) -> Iterator[PipelineEvent]:
         """Yield the sources, then text deltas, then the full Answer. Closing early cancels generation.
         Retrieval reads only ``collections`` (default: all).
@@ -282,8 +332,12 @@ class Pipeline:
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
         top_k = self.config.resolve_top_k(top_k)
+        if reuse not in (None, *REUSE_MODES):
+            raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, got {reuse!r}")
         selected = None if collections is None else _names(collections)
-        return self._stream(question, top_k, namespace, params or self.config.sampling_params(), selected)
+        return self._stream(
+            question, top_k, namespace, params or self.config.sampling_params(), selected, reuse
+        )
 
     def _stream(
         self,
@@ -292,6 +346,7 @@ class Pipeline:
         namespace: str,
         params: SamplingParams,
         collections: list[str] | None,
+        reuse: str | None,
     ) -> Iterator[PipelineEvent]:
         t0 = time.perf_counter()
         if self.kb.count(collections):
@@ -308,7 +363,14 @@ class Pipeline:
         first_token_ms = 0.0
         public = self._public_tokens(prompt)
         shared = {"public_prefix": public} if public else {}
-        stream = self.engine.stream(prompt.token_ids, params, namespace=namespace, **shared)
+        stream = self.engine.stream(
+            prompt.token_ids,
+            params,
+            namespace=namespace,
+            reuse=reuse,
+            chunk_spans=prompt.chunk_spans,
+            **shared,
+        )
         try:
             for event in stream:
                 if event.ttft_s is not None:
@@ -329,7 +391,14 @@ class Pipeline:
             assemble_ms=assemble_ms,
             prefill_ms=1000 * result.ttft_s,
         )
-        usage = Usage(result.prompt_tokens, result.cached_tokens, result.completion_tokens)
+        usage = Usage(
+            result.prompt_tokens,
+            result.cached_tokens,
+            result.completion_tokens,
+            result.stitched_tokens,
+            result.recomputed_tokens,
+            result.reuse,
+        )
         answer = Answer(result.text, sources, usage, timings, result.finish_reason)
         yield PipelineEvent("done", answer=answer)
 

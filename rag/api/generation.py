@@ -99,4 +99,5 @@ class Generation:
             prompt_tokens=r.prompt_tokens,
             cached_tokens=r.cached_tokens,
             completion_tokens=r.completion_tokens,
+            stitched_tokens=r.stitched_tokens,
         )

@@ -69,6 +69,12 @@ class Metrics:
             ["endpoint"],
             registry=r,
         )
+        self.stitched_tokens = Counter(
+            "prefixrag_stitched_prompt_tokens",
+            "Prompt tokens whose KV came from cached chunks at other positions (reuse mode 'chunks')",
+            ["endpoint"],
+            registry=r,
+        )
         self.completion_tokens = Counter(
             "prefixrag_generation_tokens", "Completion tokens generated", ["endpoint"], registry=r
         )
@@ -93,11 +99,13 @@ class Metrics:
         prompt_tokens: int,
         cached_tokens: int,
         completion_tokens: int,
+        stitched_tokens: int = 0,
     ) -> None:
         self.ttft.labels(endpoint).observe(ttft_s)
         self.e2e.labels(endpoint).observe(total_s)
         self.prompt_tokens.labels(endpoint).inc(prompt_tokens)
         self.cached_tokens.labels(endpoint).inc(cached_tokens)
+        self.stitched_tokens.labels(endpoint).inc(stitched_tokens)
         self.completion_tokens.labels(endpoint).inc(completion_tokens)
 
     def render(self) -> bytes:
@@ -151,6 +159,29 @@ class EngineCollector:
             slabs.get("slab_bytes", 0),
         )
         yield from _kv_tier_metrics(stats)
+        for name, key, doc in (
+            (
+                "prefixrag_chunk_reuse_requests",
+                "stitched_requests",
+                "Requests served by stitching cached chunks",
+            ),
+            (
+                "prefixrag_chunk_reuse_stitched_tokens",
+                "stitched_tokens",
+                "Chunk tokens reused at a new position",
+            ),
+            (
+                "prefixrag_chunk_reuse_recomputed_tokens",
+                "recomputed_tokens",
+                "Reused chunk tokens recomputed over the stitched context",
+            ),
+            (
+                "prefixrag_chunk_reuse_prefilled_tokens",
+                "chunk_prefill_tokens",
+                "Chunk tokens prefilled at their canonical placement (then cached)",
+            ),
+        ):
+            yield _counter(name, doc, stats.get(key, 0))
         outcomes = CounterMetricFamily(
             "prefixrag_engine_requests", "Engine requests by outcome", labels=["outcome"]
         )

@@ -62,6 +62,7 @@ class AskRun:
         max_tokens: int | None,
         namespace: str,
         collections: list[str] | None = None,
+        reuse: str | None = None,
     ) -> AskRun:
         """Admit, start the pipeline stream and take its first event (the sources), so that retrieval
         errors and a full queue are answered with their status rather than in-band. Retrieval reads
@@ -73,6 +74,8 @@ class AskRun:
             "params": params,
             "collections": collections,
         }
+        if reuse is not None:
+            kwargs["reuse"] = reuse
         admitted = services.admission.enter()
 
         def begin() -> tuple[Iterator[Any], Any]:
@@ -171,6 +174,9 @@ class AskRun:
             cached_tokens=int(u.get("cached_tokens", 0)),
             completion_tokens=completion,
             total_tokens=prompt + completion,
+            stitched_tokens=int(u.get("stitched_tokens", 0)),
+            recomputed_tokens=int(u.get("recomputed_tokens", 0)),
+            reuse=str(u.get("reuse", "prefix")),
         )
 
     def _observe(self) -> None:
@@ -183,6 +189,7 @@ class AskRun:
             prompt_tokens=self.usage.prompt_tokens,
             cached_tokens=self.usage.cached_tokens,
             completion_tokens=self.usage.completion_tokens,
+            stitched_tokens=self.usage.stitched_tokens,
         )
 
 

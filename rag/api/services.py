@@ -71,6 +71,7 @@ class Services:
             self._loaded.set()
         self._loader: threading.Thread | None = None
         self._assembler: Any = None  # chat messages -> Prompt; False when none applies
+        self.warm_job: Any = None  # the latest rag.api.warm_job.WarmJob
 
     # ---- lifecycle ------------------------------------------------------------------------------
     @property
@@ -90,6 +91,8 @@ class Services:
         return self._loaded.wait(timeout)
 
     def close(self) -> None:
+        if self.warm_job is not None:
+            self.warm_job.stop()
         if self._loader is not None:
             self._loader.join(timeout=300)
         if self._owns_engine and self.engine is not None:

@@ -94,7 +94,7 @@ async def chat_frames(
             yield chunk(Delta(), finish=finish_reason(ev.finish_reason))
             if include_usage:
                 r = ev.result
-                yield chunk(None, usage=Usage.of(r.prompt_tokens, r.cached_tokens, r.completion_tokens))
+                yield chunk(None, usage=Usage.of_result(r))
     yield DONE
 
 
@@ -114,7 +114,7 @@ async def completion_frames(
             yield chunk([CompletionChoice(text="", finish_reason=finish_reason(ev.finish_reason))])
             if include_usage:
                 r = ev.result
-                yield chunk([], usage=Usage.of(r.prompt_tokens, r.cached_tokens, r.completion_tokens))
+                yield chunk([], usage=Usage.of_result(r))
     yield DONE
 
 

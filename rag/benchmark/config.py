@@ -90,6 +90,20 @@ class BenchConfig(BaseModel):
     radix_requests: int = Field(default=2000, ge=10)
     radix_levels: tuple[int, ...] = (10_000, 100_000)
     quick: bool = False
+    # chunks section (reuse="chunks": TTFT, reuse and fidelity to full prefill)
+    chunks_section: bool = True
+    chunks_requests: int = Field(default=48, ge=2, description="TTFT: the first n requests of the stream")
+    chunks_budgets: tuple[float, ...] = Field(
+        default=(0.1, 0.2, 0.3), description="recompute shares, each run with 'first' and 'deviation'"
+    )
+    chunks_fidelity_prompts: int = Field(
+        default=12, ge=1, description="stream prompts compared to full prefill"
+    )
+    chunks_answer_tokens: int = Field(default=64, ge=1, description="greedy answer length compared")
+    chunks_kl_positions: int = Field(default=16, ge=1, description="answer positions scored (teacher-forced)")
+    chunks_needles: int = Field(default=16, ge=1)
+    chunks_needle_distractors: int = Field(default=3, ge=1, description="corpus chunks beside each needle")
+    chunks_needle_tokens: int = Field(default=24, ge=1, description="answer length of a needle question")
 
     @model_validator(mode="after")
     def _valid(self) -> BenchConfig:
@@ -101,6 +115,8 @@ class BenchConfig(BaseModel):
                 )
         if not self.measured:
             raise ValueError("measured is empty: at least one engine configuration must run for real")
+        if not self.chunks_budgets or any(not 0 < b <= 1 for b in self.chunks_budgets):
+            raise ValueError(f"chunks_budgets are recompute shares in (0, 1], got {self.chunks_budgets}")
         bad = [c for c in self.capacities if not 0 <= c <= 1]
         if bad:
             raise ValueError(f"capacities are shares of the working set in [0, 1], got {bad}")
@@ -134,6 +150,13 @@ class BenchConfig(BaseModel):
             "kv_break_even_lengths": (64, 512),
             "kv_zero_hit_requests": 4,
             "steady_factor": 0,
+            "chunks_requests": 3,
+            "chunks_budgets": (0.2,),
+            "chunks_fidelity_prompts": 1,
+            "chunks_answer_tokens": 16,
+            "chunks_kl_positions": 8,
+            "chunks_needles": 2,
+            "chunks_needle_distractors": 1,
             "quick": True,
         }
         settings.update(overrides)

@@ -1,152 +1,168 @@
-"""Fidelity of int8 weights against float32 on the same prompts: greedy agreement, KL, perplexity.
+"""Fidelity of chunk reuse to full prefill: what the stitched KV does to the model's answers.
 
-For every prompt, float32 decodes greedily and each candidate (int8 weights; bfloat16 as a scale
-reference, a much smaller perturbation) is fed the same tokens (teacher forcing), so at each step
-their next-token distributions are compared on the same history: KL(float32 || candidate), and
-whether the candidate's argmax is float32's token. A candidate's own greedy answer equals float32's
-for the first ``n`` tokens exactly when the argmaxes agree at all ``n`` steps. Perplexity is measured
-on the bundled corpus (``pydoc_data.topics``), in windows read side by side.
+The reference is the same model behind an engine with caching off (full prefill). For each prompt and
+each chunks-mode setting (``ChunkReuse``), on the real engine:
+
+* the greedy answer (``answer_tokens`` tokens): first-token agreement, exact match, ROUGE-L F1 of
+  its words against the reference answer's;
+* the next-token distributions over the reference answer's first ``kl_positions`` tokens, teacher-forced
+  (``Engine.score``): mean KL(reference || setting) per position;
+* needle prompts: whether the answer contains the expected fact.
+
+Every request of one prompt (reference and settings, greedy and scored) is submitted at once, so the
+engine decodes them as one batch; the engines run ``batch_invariant``, so batching changes no token.
 
 Example:
-    >>> out = measure_fidelity(loaded, prompts, answer_tokens=32, corpus_tokens=1024)  # doctest: +SKIP
-    >>> out["int8"]["greedy_agreement"], out["int8"]["perplexity"]                    # doctest: +SKIP
-    (0.27, 22.9)
+    >>> rouge_l("the cat sat on the mat", "the cat lay on the mat")
+    0.8333333333333334
+    >>> round(kl_divergence(torch.log_softmax(torch.tensor([2.0, 0.0]), -1),
+    ...                     torch.log_softmax(torch.tensor([1.0, 0.0]), -1)), 4)
+    0.0671
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from engine.fused import FusedLlamaRunner
-from engine.kv import KVBuffer
-from engine.models import LoadedModel, load_model
-
-CORPUS_TOPICS = ("execmodel", "function", "try", "with", "compound", "assignment", "truth", "comparisons")
-REFERENCE = "float32"
+from engine.engine import Engine
+from engine.request import GenerationResult, final_result
+from engine.reuse import ChunkReuse
+from engine.sampling import SamplingParams
 
 
-def measure_fidelity(
-    loaded: LoadedModel,
-    prompts: Sequence[Sequence[int]],
-    *,
-    answer_tokens: int = 32,
-    corpus_tokens: int = 1024,
-    bfloat16: bool = True,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """int8 (and bfloat16) against float32 on ``prompts`` (token ids) and ``corpus_tokens`` corpus tokens."""
-    if not prompts:
-        raise ValueError("prompts is empty")
-    if answer_tokens < 1 or corpus_tokens < 2:
-        raise ValueError(
-            f"need answer_tokens >= 1 and corpus_tokens >= 2, got {answer_tokens}, {corpus_tokens}"
-        )
-    say = progress or (lambda _msg: None)
-    runners = {
-        REFERENCE: FusedLlamaRunner(loaded.model),
-        "int8": FusedLlamaRunner(loaded.model, weights="int8", tokenizer=loaded.tokenizer),
-    }
-    if bfloat16:
-        runners["bfloat16"] = FusedLlamaRunner(load_model(loaded.model_id, dtype="bfloat16").model)
-    shared = _common_prefix(prompts)
-    prefixed = {name: _prefilled(r, prompts[0][:shared]) for name, r in runners.items()}
-    kls: dict[str, list[float]] = {name: [] for name in runners if name != REFERENCE}
-    agreed: dict[str, list[int]] = {name: [] for name in kls}  # per prompt: steps before the first miss
-    for i, ids in enumerate(prompts):
-        say(f"fidelity: prompt {i + 1}/{len(prompts)}")
-        for name, (step_kls, same) in _teacher_forced(runners, prefixed, ids, shared, answer_tokens).items():
-            kls[name] += step_kls
-            agreed[name].append(same)
-    say("fidelity: corpus perplexity")
-    corpus = corpus_ids(loaded.tokenizer, corpus_tokens)
-    out: dict[str, Any] = {
-        "prompts": len(prompts),
-        "answer_tokens": answer_tokens,
-        "corpus_tokens": len(corpus),
-        REFERENCE: {"perplexity": perplexity(runners[REFERENCE], corpus)},
-    }
-    for name in kls:
-        out[name] = {
-            "greedy_agreement": sum(a == answer_tokens for a in agreed[name]) / len(prompts),
-            "agreed_tokens_mean": statistics.fmean(agreed[name]),
-            "kl_mean": statistics.fmean(kls[name]),
-            "kl_max": max(kls[name]),
-            "perplexity": perplexity(runners[name], corpus),
+@dataclass(frozen=True)
+class FidelityPrompt:
+    """One prompt to compare on: ids, chunk spans, tenant, and (needle prompts) the expected fact."""
+
+    token_ids: list[int]
+    chunk_spans: list[tuple[int, int]]
+    namespace: str = ""
+    expected: str | None = None
+    needle_position: int | None = None  # 1-based chunk position of the needle
+
+
+@dataclass
+class SettingFidelity:
+    """Per-prompt outcomes of one setting, in prompt order."""
+
+    label: str
+    first_token: list[bool] = field(default_factory=list)
+    exact: list[bool] = field(default_factory=list)
+    rouge_l: list[float] = field(default_factory=list)
+    kl: list[float] = field(default_factory=list)  # mean over the scored positions
+    correct: list[bool] = field(default_factory=list)  # needle prompts the reference got right
+    recomputed_share: list[float] = field(default_factory=list)  # of the stitched chunks' tokens
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "prompts": len(self.first_token),
+            "first_token_agreement": _mean(self.first_token),
+            "greedy_exact_match": _mean(self.exact),
+            "rouge_l": _mean(self.rouge_l),
+            "kl_mean": _mean(self.kl),
+            "kl_median": statistics.median(self.kl) if self.kl else float("nan"),
+            "kl_max": max(self.kl, default=float("nan")),
+            "needle_correct": sum(self.correct),
+            "needle_prompts": len(self.correct),
+            "recomputed_share": _mean(self.recomputed_share),
         }
+
+
+def rouge_l(candidate: str, reference: str) -> float:
+    """ROUGE-L F1 over whitespace-separated words (1.0 for two empty texts)."""
+    a, b = candidate.split(), reference.split()
+    if not a and not b:
+        return 1.0
+    lcs = _lcs(a, b)
+    if lcs == 0:
+        return 0.0
+    precision, recall = lcs / len(a), lcs / len(b)
+    return 2 * precision * recall / (precision + recall)
+
+
+def kl_divergence(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """KL(reference || other) in nats between two log-probability vectors."""
+    return float((reference.exp() * (reference - other)).sum())
+
+
+def compare(
+    engine: Engine,
+    reference: Engine,
+    prompts: Sequence[FidelityPrompt],
+    settings: Sequence[ChunkReuse],
+    *,
+    answer_tokens: int,
+    kl_positions: int,
+    advance: Callable[[str], None] | None = None,
+) -> dict[str, SettingFidelity]:
+    """Run every prompt through the reference and every setting (``engine`` in chunks mode, whose cache
+    should hold the prompts' chunk placements); returns the outcomes by setting label."""
+    out = {s.label: SettingFidelity(s.label) for s in settings}
+    greedy = SamplingParams(max_tokens=answer_tokens)
+    for n, prompt in enumerate(prompts):
+        ref = final_result(reference.stream(prompt.token_ids, greedy, namespace=prompt.namespace))
+        forced = ref.token_ids[:kl_positions]
+        ref_scoring = (
+            reference.score(prompt.token_ids, forced, namespace=prompt.namespace) if forced else None
+        )
+        pending = [(s, *_submit(engine, prompt, greedy, s, forced)) for s in settings]  # decoded as a batch
+        ref_scores = final_result(ref_scoring).scores if ref_scoring is not None else None
+        for setting, answer_stream, score_stream in pending:
+            answer = final_result(answer_stream)
+            scores = final_result(score_stream).scores if score_stream is not None else None
+            _record(out[setting.label], prompt, ref, answer, ref_scores, scores)
+        if advance is not None:
+            advance(f"fidelity prompt {n + 1}/{len(prompts)}")
     return out
 
 
-def corpus_ids(tokenizer: Any, tokens: int) -> list[int]:
-    """The first ``tokens`` tokens of a fixed run of Python-reference topics."""
-    from pydoc_data.topics import topics
-
-    text = "\n\n".join(topics[name] for name in CORPUS_TOPICS)
-    return list(tokenizer.encode(text, add_special_tokens=False)[:tokens])
-
-
-@torch.inference_mode()
-def perplexity(runner: FusedLlamaRunner, ids: Sequence[int], windows: int = 8) -> float:
-    """exp(mean negative log-likelihood) of the next token, over ``windows`` equal windows of ``ids``
-    read side by side (one batched decode step per position: decode reads the weights once per step)."""
-    span = len(ids) // windows
-    if span < 2:
-        raise ValueError(f"{len(ids)} tokens cannot fill {windows} windows of at least 2")
-    rows = [list(ids[w * span : (w + 1) * span]) for w in range(windows)]
-    buffers = [runner.new_buffer(span) for _ in rows]
-    nll, count = 0.0, 0
-    for t in range(span - 1):
-        logits = runner.decode_batch([r[t] for r in rows], buffers)
-        for r, row in zip(rows, logits):
-            nll -= float(torch.log_softmax(row, dim=-1)[r[t + 1]])
-            count += 1
-    return math.exp(nll / count)
+def _submit(
+    engine: Engine, prompt: FidelityPrompt, params: SamplingParams, setting: ChunkReuse, forced: list[int]
+) -> tuple[Any, Any]:
+    kwargs: dict[str, Any] = {
+        "namespace": prompt.namespace,
+        "reuse": setting,
+        "chunk_spans": prompt.chunk_spans,
+    }
+    answer = engine.stream(prompt.token_ids, params, **kwargs)
+    score = engine.score(prompt.token_ids, forced, **kwargs) if forced else None
+    return answer, score
 
 
-def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
-    """Tokens every prompt starts with, leaving at least one token of each to compute."""
-    n = min(len(p) for p in prompts) - 1
-    for p in prompts[1:]:
-        n = next((j for j in range(n) if p[j] != prompts[0][j]), n)
-    return max(n, 0)
+def _record(
+    row: SettingFidelity,
+    prompt: FidelityPrompt,
+    ref: GenerationResult,
+    answer: GenerationResult,
+    ref_scores: torch.Tensor | None,
+    scores: torch.Tensor | None,
+) -> None:
+    row.first_token.append(bool(answer.token_ids[:1] == ref.token_ids[:1]))
+    row.exact.append(answer.token_ids == ref.token_ids)
+    row.rouge_l.append(rouge_l(answer.text, ref.text))
+    if ref_scores is not None and scores is not None:
+        row.kl.append(statistics.fmean(kl_divergence(r, s) for r, s in zip(ref_scores, scores)))
+    if prompt.expected is not None and prompt.expected in ref.text:
+        row.correct.append(prompt.expected in answer.text)
+    stitched = answer.stitched_tokens + answer.recomputed_tokens
+    if stitched:
+        row.recomputed_share.append(answer.recomputed_tokens / stitched)
 
 
-def _prefilled(runner: FusedLlamaRunner, ids: Sequence[int]) -> KVBuffer:
-    buffer = runner.new_buffer(4096)
-    if ids:
-        runner.prefill(list(ids), buffer)
-    return buffer
+def _lcs(a: Sequence[str], b: Sequence[str]) -> int:
+    previous = [0] * (len(b) + 1)
+    for x in a:
+        current = [0]
+        for j, y in enumerate(b):
+            current.append(previous[j] + 1 if x == y else max(previous[j + 1], current[j]))
+        previous = current
+    return previous[-1]
 
 
-@torch.inference_mode()
-def _teacher_forced(
-    runners: dict[str, FusedLlamaRunner],
-    prefixed: dict[str, KVBuffer],
-    ids: Sequence[int],
-    shared: int,
-    steps: int,
-) -> dict[str, tuple[list[float], int]]:
-    """Per candidate: KL(float32 || candidate) at each of ``steps`` positions of float32's greedy
-    answer, and how many leading steps its argmax agreed with float32's token."""
-    logits = {}
-    for name, runner in runners.items():
-        prefixed[name].truncate(shared)
-        logits[name] = runner.prefill(list(ids[shared:]), prefixed[name])
-    kls: dict[str, list[float]] = {name: [] for name in runners if name != REFERENCE}
-    same = dict.fromkeys(kls, 0)
-    diverged = dict.fromkeys(kls, False)
-    for _ in range(steps):
-        p_log = torch.log_softmax(logits[REFERENCE].float(), dim=-1)
-        token = int(logits[REFERENCE].argmax())
-        for name in kls:
-            q_log = torch.log_softmax(logits[name].float(), dim=-1)
-            kls[name].append(float(torch.sum(p_log.exp() * (p_log - q_log))))
-            diverged[name] = diverged[name] or int(logits[name].argmax()) != token
-            same[name] += not diverged[name]
-        for name, runner in runners.items():
-            logits[name] = runner.decode_step(token, prefixed[name])
-    return {name: (kls[name], same[name]) for name in kls}
+def _mean(values: Sequence[float] | Sequence[bool]) -> float:
+    return statistics.fmean(float(v) for v in values) if values else float("nan")

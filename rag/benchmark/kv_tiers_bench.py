@@ -36,6 +36,7 @@ from engine.models import DEFAULT_MODEL, LoadedModel, load_model
 from engine.paths import prefixrag_home
 from engine.sampling import SamplingParams
 from rag.benchmark.engine_bench import QUESTIONS, rag_context, rag_messages
+from rag.benchmark.fidelity import kl_divergence
 
 ONE_TOKEN = SamplingParams(max_tokens=1)
 
@@ -171,11 +172,10 @@ def _forced_logits(engine: Engine, ids: list[int], forced: list[int]) -> list[to
 
 
 def _kl(reference: Sequence[torch.Tensor], other: Sequence[torch.Tensor]) -> list[float]:
-    out = []
-    for p_row, q_row in zip(reference, other):
-        logp, logq = torch.log_softmax(p_row.double(), -1), torch.log_softmax(q_row.double(), -1)
-        out.append(float((logp.exp() * (logp - logq)).sum()))
-    return out
+    return [
+        kl_divergence(torch.log_softmax(p.double(), -1), torch.log_softmax(q.double(), -1))
+        for p, q in zip(reference, other)
+    ]
 
 
 # ---- TTFT: cold, RAM-warm, disk after a restart --------------------------------------------------

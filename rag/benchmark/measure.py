@@ -99,7 +99,7 @@ def _engine(loaded: LoadedModel, config: EngineConfig) -> Engine:
     return Engine(loaded.model, loaded.tokenizer, model_id=loaded.model_id, config=config)
 
 
-def _warm_up(engine: Engine) -> None:
+def warm_up_engine(engine: Engine) -> None:
     """One short request so one-off costs (allocation, kernel selection) stay out of the figures;
     the cache is reset after, so the measured stream starts from an empty cache."""
     engine.generate(list(range(1000, 1064)), TTFT_PARAMS, namespace="warm-up")
@@ -141,7 +141,7 @@ def measure_stream(
     if llama is not None:
         runs[LLAMA_CPP] = Measurement(LLAMA_CPP, "llama.cpp")
     for eng in [*engines, off]:
-        _warm_up(eng)
+        warm_up_engine(eng)
     hf.ttft(list(range(1000, 1064)))
     n = len(workload.requests)
     off_at, hf_at = sampled_requests(n, baseline_samples, transformers_samples)

@@ -22,6 +22,8 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from rag.benchmark.chunks_plot import chunk_frontier
+
 ORDER_COLORS = {"relevance": "#d62728", "canonical": "#ff7f0e", "cache": "#1f77b4"}
 EVICTION_STYLES = {"lru": ("o", "-"), "gdsf": ("s", "--")}
 BASELINE_COLORS = {
@@ -36,6 +38,7 @@ PLOTS = {
     "ttft_distribution.png": "TTFT distribution with and without the cache (measured)",
     "hit_rate_vs_skew.png": "Token hit rate against popularity skew",
     "engine_cold_warm.png": "Engine: cold vs warm TTFT and decode speed",
+    "chunk_frontier.png": "Chunk reuse: recompute budget vs TTFT speedup vs fidelity to full prefill",
 }
 
 
@@ -291,7 +294,9 @@ DRAWERS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "ttft_distribution.png": ttft_distribution,
     "hit_rate_vs_skew.png": hit_rate_vs_skew,
     "engine_cold_warm.png": engine_cold_warm,
+    "chunk_frontier.png": chunk_frontier,
 }
+SECTION_OF = {"engine_cold_warm.png": "engine_section", "chunk_frontier.png": "chunks_section"}
 
 
 def draw_all(results: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -299,7 +304,7 @@ def draw_all(results: dict[str, Any], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, draw in DRAWERS.items():
-        if name == "engine_cold_warm.png" and not results.get("engine_section"):
+        if name in SECTION_OF and not results.get(SECTION_OF[name]):
             continue
         fig = draw(results)
         path = out_dir / name

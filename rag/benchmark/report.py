@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rag.benchmark.chunks_report import chunks_markdown
 from rag.benchmark.measure import OFF, TRANSFORMERS
 from rag.benchmark.plots import PLOTS, draw_all
 from rag.benchmark.weights_report import weights_markdown
@@ -130,6 +131,7 @@ def render_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         _plots(plots),
         _engine_section(results),
         weights_markdown(results),
+        chunks_markdown(results),
         _radix_section(results),
         _kv_section(results),
         _method(results),

@@ -23,7 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from engine.models import LoadedModel, load_model
+from engine.models import LoadedModel, kv_bytes_per_token, load_model
 from rag.benchmark.baselines import llama_cpp_status
 from rag.benchmark.config import BenchConfig
 from rag.benchmark.measure import OFF, TRANSFORMERS, Measurement, measure_stream, measure_tpot, sample_indices
@@ -38,7 +38,6 @@ from rag.benchmark.results import (
     targets,
     ttft_fit,
 )
-from rag.benchmark.simulate import kv_bytes_per_token
 from rag.benchmark.stats import summarize
 from rag.benchmark.sweep import UNBOUNDED, ReplayResult, Simulator, SweepPoint, SweepResult, run_sweep
 from rag.benchmark.texts import SYSTEM_PROMPT, TOOLS
@@ -106,6 +105,7 @@ def run_benchmark(
                 llama_cpp_cache_bytes=working,
                 advance=step,
             )
+        chunks_section = _chunks_section(config, clock, step, loaded, kb, main)
         engine_section = _engine_section(config, clock, step)
         gc.collect()  # the measured engines' caches (GBs) before the sections allocate theirs
         weights_section = _weights_section(config, clock, step, loaded, llama_ok)
@@ -123,6 +123,7 @@ def run_benchmark(
     )
     results["engine_section"] = engine_section
     results["weights_section"] = weights_section
+    results["chunks_section"] = chunks_section
     results["radix_section"] = radix_section
     results["kv_section"] = kv_section
     results["meta"] = _meta(command, time.perf_counter() - started)
@@ -286,6 +287,18 @@ def _weights_section(
         )
 
 
+def _chunks_section(
+    config: BenchConfig, clock: _Clock, step: Step, loaded: LoadedModel, kb: KnowledgeBase, workload: Workload
+) -> dict[str, Any] | None:
+    if not config.chunks_section:
+        return None
+    from rag.benchmark.chunks_bench import run_chunks_bench
+
+    gc.collect()  # the stream's engines and their caches go before this section's
+    with clock("chunks section"):
+        return run_chunks_bench(loaded, kb, workload, config, step)
+
+
 def _radix_section(
     config: BenchConfig, clock: _Clock, step: Step, bytes_per_token: int
 ) -> dict[str, Any] | None:
@@ -351,8 +364,17 @@ def _total_steps(config: BenchConfig) -> int:
     engine = 3 + config.engine_repeats + int(config.engine_bfloat16) if config.engine_section else 0
     weights = config.weights_repeats + 4 + config.fidelity_prompts if config.weights_section else 0
     steady = int(config.steady_factor > 1)
+    chunks = (
+        1
+        + min(config.chunks_requests, config.requests)
+        + config.chunks_fidelity_prompts
+        + config.chunks_needles
+        if config.chunks_section
+        else 0
+    )
     kv = 3 + len(config.kv_disk_dtypes) if config.kv_section else 0
-    return 2 + sweep + steady + config.requests + 1 + engine + weights + int(config.radix_section) + kv
+    sections = engine + weights + int(config.radix_section) + kv + chunks
+    return 2 + sweep + steady + config.requests + 1 + sections
 
 
 @contextmanager

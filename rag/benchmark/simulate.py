@@ -22,7 +22,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.kv_codec import KVGeometry
 from engine.request import StreamEvent
 from engine.sampling import SamplingParams
 from prefix_cache import RadixCache
@@ -110,14 +109,15 @@ class SimulatedEngine:
         return match.length
 
     def stream(
-        self, prompt: Any, params: SamplingParams | None = None, *, namespace: str = ""
+        self,
+        prompt: Any,
+        params: SamplingParams | None = None,
+        *,
+        namespace: str = "",
+        reuse: Any = None,
+        chunk_spans: Sequence[tuple[int, int]] | None = None,
     ) -> Iterator[StreamEvent]:
         raise NotImplementedError("SimulatedEngine has no model: use serve() for cache behaviour")
 
     def _namespace(self, tenant: str) -> str:
         return f"{self.model_id}{NAMESPACE_SEP}{tenant}"
-
-
-def kv_bytes_per_token(model_config: Any, dtype_bytes: int = 4) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes: 46,080 B for SmolLM2-135M in float32."""
-    return KVGeometry.from_config(model_config).raw_bytes_per_token(dtype_bytes)

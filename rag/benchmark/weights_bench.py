@@ -25,7 +25,7 @@ from engine.models import LoadedModel
 from engine.sampling import SamplingParams
 from rag.benchmark.baselines import FirstToken, LlamaCppBaseline, TimedAnswer, bundled_gguf
 from rag.benchmark.engine_bench import QUESTIONS, batched_decode, rag_context, rag_messages
-from rag.benchmark.fidelity import measure_fidelity
+from rag.benchmark.weights_fidelity import measure_fidelity
 
 LLAMA = "llama.cpp"
 

@@ -63,6 +63,9 @@ class Prompt:
     ``stable_length``: tokens of the prefix that is identical for every prompt of this assembler.
     ``chunk_ids`` / ``chunks``: the chunks used, in prompt order (``[n]`` cites ``chunks[n - 1]``).
     ``dropped_chunk_ids``: chunks left out to fit the context budget, best-ranked first.
+    ``chunk_spans``: ``token_ids[start:end]`` of each chunk's body (its ``[n]`` marker excluded), in
+    prompt order: what the engine's ``chunks`` reuse mode stitches (a body's ids are the same wherever
+    it stands; everything before the first body is the prefix each chunk is cached after).
     """
 
     token_ids: list[int]
@@ -71,6 +74,7 @@ class Prompt:
     chunk_ids: list[str] = field(default_factory=list)
     dropped_chunk_ids: list[str] = field(default_factory=list)
     chunks: list[ChunkLike] = field(default_factory=list)
+    chunk_spans: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -88,6 +92,7 @@ class _Part:
     stable: bool
     ids: list[int] = field(default_factory=list)
     text: str = ""
+    body_start: int | None = None  # a chunk part: where its body's ids begin (after the marker)
 
     def add(self, text: str, ids: list[int]) -> _Part:
         self.text += text
@@ -184,6 +189,11 @@ class PromptAssembler:
             dropped=[str(c.chunk_id) for c in ranked[kept:]],
         )
 
+    def placement(self, chunk: ChunkLike) -> list[int]:
+        """The ids a chunk's KV is cached under: the stable prefix, the first ``[n]`` marker and the
+        chunk's body, i.e. how every prompt with this chunk first begins (what warming prefills)."""
+        return [*self.stable_ids, *self._marker(0), *self._layout.encode(chunk_body(chunk))]
+
     def _fit(self, question: str, bodies: list[list[int]]) -> tuple[_Part, int]:
         """The question part and how many best-ranked chunks fit beside it within the budget."""
         alone = self._question_part(question, after_chunks=False)
@@ -272,6 +282,7 @@ class PromptAssembler:
     def _chunk_part(self, chunk: ChunkLike, pos: int, body_ids: list[int]) -> _Part:
         marker = _marker_text(pos)
         part = _Part(f"chunk:{chunk.chunk_id}", False).add(marker, self._marker(pos))
+        part.body_start = len(part.ids)
         return part.add(chunk_body(chunk), body_ids)
 
     def _question_part(self, question: str, after_chunks: bool) -> _Part:
@@ -317,8 +328,11 @@ def _dedupe(chunks: Sequence[ChunkLike]) -> list[ChunkLike]:
 def _join(parts: list[_Part], chunks: list[ChunkLike], dropped: list[str]) -> Prompt:
     ids: list[int] = []
     segments = []
+    spans = []
     for part in parts:
         segments.append(Segment(part.name, len(ids), len(ids) + len(part.ids), part.stable, part.text))
+        if part.body_start is not None:
+            spans.append((len(ids) + part.body_start, len(ids) + len(part.ids)))
         ids += part.ids
     stable = max((s.end for s in segments if s.stable), default=0)
     return Prompt(
@@ -328,4 +342,5 @@ def _join(parts: list[_Part], chunks: list[ChunkLike], dropped: list[str]) -> Pr
         chunk_ids=[str(c.chunk_id) for c in chunks],
         dropped_chunk_ids=dropped,
         chunks=chunks,
+        chunk_spans=spans,
     )

@@ -113,7 +113,9 @@ def test_plain_response_shape_is_openai(server, engine):
         "total_tokens",
         "prompt_tokens_details",
     }
-    assert set(data["usage"]["prompt_tokens_details"]) == {"cached_tokens"}
+    # stitched_tokens: the chunk-reuse extension (a chat prompt has no chunk spans: nothing is stitched)
+    assert data["usage"]["prompt_tokens_details"].keys() == {"cached_tokens", "stitched_tokens"}
+    assert data["usage"]["prompt_tokens_details"]["stitched_tokens"] == 0
     assert isinstance(data["created"], int)
 
 

@@ -121,6 +121,31 @@ def test_ask_with_max_tokens_answers_as_pipeline_ask_does(http, pipeline):
     assert pipeline.ask(question, params=without_penalty, namespace=ANONYMOUS).text != direct.text
 
 
+def test_warm_then_ask_in_chunks_mode(http):
+    assert_error(http.get("/v1/cache/warm/chunks"), 404, code="no_warm_job")
+    started = http.post("/v1/cache/warm/chunks")
+    assert started.status_code == 202, started.text
+    assert started.json()["object"] == "cache.warm.chunks"
+    assert wait_until(lambda: http.get("/v1/cache/warm/chunks").json()["state"] != "running", timeout=300)
+    status = http.get("/v1/cache/warm/chunks").json()
+    report = status["report"]
+    assert status["state"] == "done" and status["done"] == status["total"] == report["chunks"] > 0
+    assert report["warmed"] + report["already_cached"] == report["chunks"] and report["not_fitted"] == 0
+    answer = _ask(
+        http, "Who leads the Zorblax team, and what is the project's code?", top_k=3, reuse="chunks"
+    )
+    usage = answer["usage"]
+    assert usage["reuse"] == "chunks" and usage["stitched_tokens"] > 0 and usage["recomputed_tokens"] > 0
+    exact = _ask(http, "Who leads the Zorblax team, and what is the project's code?", top_k=3, reuse="prefix")
+    assert exact["usage"]["reuse"] == "prefix" and exact["usage"]["stitched_tokens"] == 0
+    metrics = http.get("/metrics").text
+    assert 'prefixrag_stitched_prompt_tokens_total{endpoint="ask"}' in metrics
+    assert "prefixrag_chunk_reuse_stitched_tokens_total" in metrics
+    assert http.get("/v1/cache").json()["engine"]["stitched_tokens"] >= usage["stitched_tokens"]
+    assert http.delete("/v1/cache/warm/chunks").json()["state"] == "done"
+    assert_error(http.post("/v1/ask", json={"question": "Who?", "reuse": "sideways"}), 422)
+
+
 def test_ask_stream_event_order(http):
     reply = http.post("/v1/ask", json={"question": "Who leads the team?", "stream": True, "max_tokens": 12})
     assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")

@@ -115,6 +115,14 @@ def test_ask_in_the_browser(server, browser, tmp_path):
     assert cached_again > 0
     sync_api.expect(page.locator("#hit-rate")).to_have_text(PERCENT, timeout=10_000)
 
+    # chunks mode: the page sends it and shows the mode and the stitched tokens the answer reports
+    page.select_option("#reuse", "chunks")
+    page.fill("#question", "Who was the last keeper of the lighthouse?")
+    page.press("#question", "Enter")
+    sync_api.expect(page.locator("#mode")).to_have_text("chunks", timeout=120_000)
+    sync_api.expect(answer).not_to_have_class(STREAMING, timeout=120_000)
+    assert re.fullmatch(r"\d+ \(\d+ recomputed\)", page.locator("#stitched").inner_text())
+
     page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
     assert not errors, errors
     page.close()

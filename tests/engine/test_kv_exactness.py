@@ -89,10 +89,9 @@ def test_a_loaded_prefix_is_the_computed_prefix_in_kv_and_logits(
 
 
 # Against one full prefill, bit equality also needs attention whose rounding does not depend on how
-# many query rows share a call (SDPA's CPU kernel blocks queries by the call's length): the float32
-# exactness work provides that; the storage formats add no difference of their own (above).
-@pytest.mark.xfail(reason="attention rounding depends on the query rows in one call", strict=False)
-@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+# many query rows share a call: engine.prefill_shapes provides that; the storage formats add no
+# difference of their own (above).
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("prefix_len", [64, 100])
 def test_cached_logits_equal_one_full_prefill(loaded_model, prompt, kv_dtype, prefix_len):
     runner = _runner(loaded_model, "fused", kv_dtype)

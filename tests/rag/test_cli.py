@@ -1,9 +1,10 @@
-"""The `make demo` path as a user runs it: `prefixrag ingest`, `prefixrag ask` and `prefixrag demo` on a
+"""The `make demo` path as a user runs it: `prefixrag ingest` (and `--warm`), `prefixrag ask` and `prefixrag demo` on a
 small corpus, with their own $PREFIXRAG_HOME and index directory (the converted model is linked in, so
 nothing is converted twice)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,20 @@ def test_weights_option_is_documented():
     for command in ("demo", "serve"):
         result = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
         assert result.exit_code == 0 and "--weights" in result.output and "int8" in result.output
+
+
+def test_ingest_warm_prefills_every_chunk(user, home, tmp_path):
+    """`ingest --warm` prefills every chunk's placement for serve, into the disk tier it reads."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "zorblax.md").write_text(
+        "# Zorblax\n\nThe Zorblax project is led by Ada Brennan. Its code is 4417."
+    )
+    (docs / "bakery.md").write_text("# Bakery\n\nThe bakery on Rue Mercière opens at seven.")
+    result = user.invoke(app, ["ingest", str(docs), "--index", str(tmp_path / "index"), "--warm"])
+    assert result.exit_code == 0, result.output
+    warmed = re.search(r"warmed (\d+) chunks \(([\d,]+) tokens", result.output)
+    assert warmed is not None, result.output
+    assert int(warmed.group(1)) >= 2 and int(warmed.group(2).replace(",", "")) > 0
+    assert "0 already cached" in result.output and "did not fit" not in result.output
+    assert any(f.is_file() for f in (home / "kv").rglob("*")), "no KV block reached the disk tier"

@@ -45,7 +45,7 @@ async def ask(
 ) -> Any:
     """Retrieve (only from the collections the caller may read, or the readable ones it names),
     rerank, answer. The tenant is the cache namespace; ``usage.cached_tokens`` says how much of the
-    prompt came from the prefix cache."""
+    prompt came from the prefix cache (``usage.stitched_tokens``: from cached chunks, ``reuse='chunks'``)."""
     question, top_k = _validate(body, settings)
     scope = search_scope(access, body.collections)
     pipeline = services.ready_pipeline()
@@ -57,6 +57,7 @@ async def ask(
         max_tokens=body.max_tokens,
         namespace=principal.namespace(),
         collections=scope,
+        reuse=body.reuse,
     )
     if body.stream:
         return ClosingStreamingResponse(ask_frames(run), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -1,5 +1,6 @@
 """Prefix-cache routes: GET /v1/cache (stats, any tenant), POST /v1/cache/reset and POST /v1/cache/warm
-(admin key only)."""
+(admin key only: prompts into a tenant's cache and the disk tier), and /v1/cache/warm/chunks (POST starts
+prefilling every indexed chunk for the caller's namespace, GET reports, DELETE cancels)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from typing import Any
 import anyio
 from fastapi import APIRouter
 
+from rag.api.access import search_scope
 from rag.api.auth import Principal
-from rag.api.deps import AdminDep, EngineDep, PrincipalDep, ServicesDep, SettingsDep
+from rag.api.deps import AccessDep, AdminDep, EngineDep, PrincipalDep, ServicesDep, SettingsDep
 from rag.api.errors import ERROR_RESPONSES, api_error
 from rag.api.openai_compat import chat_messages
 from rag.api.schemas.cache import CacheWarmRequest
+from rag.api.warm_job import WarmJob
 
 router = APIRouter(prefix="/v1/cache", tags=["cache"], responses=ERROR_RESPONSES)
 
@@ -26,6 +29,10 @@ _ENGINE_FIELDS = (
     "prompt_tokens",
     "cached_tokens",
     "completion_tokens",
+    "stitched_requests",
+    "stitched_tokens",
+    "recomputed_tokens",
+    "chunk_prefill_tokens",
 )
 
 
@@ -89,3 +96,43 @@ async def cache_warm(
         "cached_tokens": result.cached_tokens,
         "disk_written": result.disk_written,
     }
+
+
+@router.post("/warm/chunks", status_code=202)
+async def cache_warm_chunks(
+    services: ServicesDep, principal: PrincipalDep, access: AccessDep
+) -> dict[str, Any]:
+    """Prefill every chunk the caller may read at its placement (stable prefix, ``[1]``, chunk) into the
+    cache for the caller's namespace, in the background: chunks mode then reuses them on the first question too.
+    Skips what is cached, stops adding once the cache budget is full (``report.not_fitted``)."""
+    pipeline = services.ready_pipeline()
+    running = services.warm_job
+    if running is not None and running.running:
+        raise api_error(
+            409, "a warm-up is already running; GET /v1/cache/warm/chunks shows it", code="warm_running"
+        )
+    job = WarmJob(pipeline, principal.namespace(), search_scope(access, None))
+    services.warm_job = job
+    job.start()
+    return job.status()
+
+
+@router.get("/warm/chunks")
+async def cache_warm_chunks_status(services: ServicesDep, principal: PrincipalDep) -> dict[str, Any]:
+    """Progress of the caller's warm-up (the admin sees any), its report once finished."""
+    return _own_job(services, principal.namespace(), principal.admin).status()
+
+
+@router.delete("/warm/chunks")
+async def cache_warm_chunks_cancel(services: ServicesDep, principal: PrincipalDep) -> dict[str, Any]:
+    """Cancel the caller's running warm-up (what was prefilled stays cached)."""
+    job = _own_job(services, principal.namespace(), principal.admin)
+    await anyio.to_thread.run_sync(job.stop, limiter=services.limiter)
+    return job.status()
+
+
+def _own_job(services: Any, namespace: str, admin: bool) -> WarmJob:
+    job: WarmJob | None = services.warm_job
+    if job is None or not (admin or job.namespace == namespace):
+        raise api_error(404, "no warm-up was started for this namespace", code="no_warm_job")
+    return job

@@ -188,7 +188,7 @@ def _chat_completion(
         created=created,
         model=model,
         choices=[ChatChoice(message=message, finish_reason=finish_reason(r.finish_reason))],
-        usage=Usage.of(r.prompt_tokens, r.cached_tokens, r.completion_tokens),
+        usage=Usage.of_result(r),
         sources=sources,
     )
 
@@ -199,5 +199,5 @@ def _completion(cid: str, created: int, model: str, r: GenerationResult) -> Comp
         created=created,
         model=model,
         choices=[CompletionChoice(text=r.text, finish_reason=finish_reason(r.finish_reason))],
-        usage=Usage.of(r.prompt_tokens, r.cached_tokens, r.completion_tokens),
+        usage=Usage.of_result(r),
     )

@@ -108,7 +108,12 @@ class CompletionRequest(SamplingFields):
 
 
 class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
+    cached_tokens: int = Field(default=0, description="prompt tokens reused from the exact prefix cache")
+    stitched_tokens: int = Field(
+        default=0,
+        description="extension: prompt tokens whose KV came from cached chunks at other positions "
+        "(reuse mode 'chunks'; approximate)",
+    )
 
 
 class Usage(BaseModel):
@@ -118,12 +123,26 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
     @classmethod
-    def of(cls, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Usage:
+    def of(
+        cls, prompt_tokens: int, cached_tokens: int, completion_tokens: int, stitched_tokens: int = 0
+    ) -> Usage:
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+            prompt_tokens_details=PromptTokensDetails(
+                cached_tokens=cached_tokens, stitched_tokens=stitched_tokens
+            ),
+        )
+
+    @classmethod
+    def of_result(cls, result: Any) -> Usage:
+        """From an engine ``GenerationResult``."""
+        return cls.of(
+            result.prompt_tokens,
+            result.cached_tokens,
+            result.completion_tokens,
+            getattr(result, "stitched_tokens", 0),
         )
 
 

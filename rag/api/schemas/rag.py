@@ -45,6 +45,11 @@ class AskRequest(RequestModel):
         default=None, ge=1, description="answer length cap (default: the pipeline's)"
     )
     collections: Collections | None = None
+    reuse: Literal["prefix", "chunks"] | None = Field(
+        default=None,
+        description="KV reuse for this question (default: the server's): 'prefix' is exact; 'chunks' also "
+        "reuses cached chunks wherever they stand, recomputing a share of their tokens (approximate)",
+    )
 
 
 class SourceOut(BaseModel):
@@ -62,9 +67,16 @@ class SourceOut(BaseModel):
 
 class AskUsage(BaseModel):
     prompt_tokens: int
-    cached_tokens: int
+    cached_tokens: int = Field(description="prompt tokens reused from the exact prefix cache")
     completion_tokens: int
     total_tokens: int
+    stitched_tokens: int = Field(
+        default=0, description="prompt tokens whose KV came from cached chunks at other positions"
+    )
+    recomputed_tokens: int = Field(
+        default=0, description="reused chunk tokens computed again so the chunks see each other"
+    )
+    reuse: str = Field(default="prefix", description="the KV reuse mode that served the question")
 
 
 class TimingsOut(BaseModel):

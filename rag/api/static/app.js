@@ -85,7 +85,7 @@ function resetResult(question) {
   $("sources").replaceChildren();
   $("sources-title").hidden = true;
   $("error").hidden = true;
-  for (const id of ["ttft", "cached", "total", "tokens"]) $(id).textContent = "–";
+  for (const id of ["ttft", "cached", "stitched", "mode", "total", "tokens"]) $(id).textContent = "–";
   $("cached").parentElement.classList.remove("hit");
 }
 
@@ -123,6 +123,7 @@ function renderSources(sources) {
 function askBody(question) {
   const body = { question, top_k: Number($("top-k").value), stream: true };
   if ($("scope").value) body.collections = [$("scope").value];
+  if ($("reuse").value) body.reuse = $("reuse").value;
   return body;
 }
 
@@ -158,6 +159,8 @@ async function ask(question) {
         $("cached").textContent = `${data.cached_tokens} / ${data.prompt_tokens}`;
         $("cached").parentElement.classList.toggle("hit", data.cached_tokens > 0);
         $("tokens").textContent = `${data.prompt_tokens} + ${data.completion_tokens}`;
+        $("stitched").textContent = `${data.stitched_tokens ?? 0} (${data.recomputed_tokens ?? 0} recomputed)`;
+        $("mode").textContent = data.reuse || "prefix";
       } else if (event === "timings") {
         $("ttft").textContent = fmtMs(data.ttft_ms);
         $("ttft").title = `server-side; first token reached this page after ${fmtMs(firstTokenAt - started)}`;

@@ -48,6 +48,13 @@ TINY = BenchConfig.quick_run(
     fidelity_prompts=2,
     fidelity_answer_tokens=4,
     fidelity_corpus_tokens=64,
+    chunks_requests=3,
+    chunks_fidelity_prompts=1,
+    chunks_answer_tokens=4,
+    chunks_kl_positions=2,
+    chunks_needles=2,
+    chunks_needle_distractors=1,
+    chunks_needle_tokens=4,
 )
 
 
@@ -260,3 +267,28 @@ def test_weights_section_compares_int8_float32_and_llama_cpp(run):
         )
     report = (out / "report.md").read_text()
     assert "| issue 16 target |" in report and "| int8 |" in report and "| bfloat16 |" in report
+
+
+def test_chunks_section_measures_every_mode_and_setting(run):
+    out, results = run
+    section = results["chunks_section"]
+    assert section["settings"][0] == "none" and section["default"] in section["settings"]
+    ttft = section["ttft"]
+    assert {"caching off", "exact prefix"} <= set(ttft)
+    assert {f"chunks warm, {label}" for label in section["settings"]} <= set(ttft)
+    for name, m in ttft.items():
+        assert (
+            m["requests"] >= (1 if name == "caching off" else section["requests"]) and m["ttft_s"]["mean"] > 0
+        )
+        assert 0 <= m["exact_share"] <= m["reuse_share"] <= 1
+    assert ttft["caching off"]["reuse_share"] == 0
+    assert ttft["exact prefix"]["reuse_share"] == ttft["exact prefix"]["exact_share"]  # nothing stitched
+    assert ttft["chunks warm, none"]["recomputed_of_stitched"] == 0
+    for label, f in section["fidelity"].items():
+        assert f["prompts"] == 1 and f["kl_mean"] >= -1e-6, label  # KL >= 0 up to rounding
+        assert 0 <= f["rouge_l"] <= 1 and f["first_token_agreement"] in (0.0, 1.0)
+    assert section["needle_info"]["needles"] == 2 and section["needle_info"]["positions"] == [1, 2]
+    report = (out / "report.md").read_text()
+    assert "## Chunk reuse beyond the prefix (issue 14)" in report
+    assert report.count("| chunks warm, ") == len(section["settings"])
+    assert "### Targets (issue 14)" in report

@@ -7,7 +7,8 @@ import random
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from rag.benchmark.simulate import FakeKV, SimulatedEngine, kv_bytes_per_token
+from engine.models import kv_bytes_per_token
+from rag.benchmark.simulate import FakeKV, SimulatedEngine
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,134 @@
+"""Where a reused chunk's KV comes from: its canonical placement ``anchor + chunk`` in the exact tree,
+else the disk tier under it.
+
+The radix path ``anchor + chunk`` holds the KV a chunk got when it stood first after the anchor (the
+stable prefix and the first chunk marker), so its tokens attended to the real system prompt. A chunk
+the cache does not hold (in full) is prefilled at that placement now, in scratch storage, attending
+only to the anchor: that KV is exact for the token sequence ``anchor + chunk``, so it may go into the
+exact tree, and the next request that retrieves the chunk reuses it. A placement the RAM tree lacks
+is read from the disk tier first (as much of it as the disk holds; the rest is prefilled) and promoted
+into the tree the same way. The insert waits until the request's first token is out, like the
+prompt's own insert.
+
+Example:
+    >>> sources = ChunkSources(cache, runner, buffers)                        # doctest: +SKIP
+    >>> kv = sources.fetch(prompt_ids, spans, plan, buffer, namespace="m\\x1ft")  # doctest: +SKIP
+    >>> try: ...  # place kv.segments
+    ... finally: sources.release(kv)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.buffer_pool import BufferPool
+from engine.fused import FusedLlamaRunner
+from engine.kv import KVBuffer, KVSegment
+from engine.stitch_plan import Span, StitchPlan
+from prefix_cache import RadixCache
+
+
+class RequestCancelled(Exception):
+    """The request was cancelled while its chunks were being prepared."""
+
+
+@dataclass
+class ChunkKV:
+    """The canonical KV of each reused run, and what producing it left to do."""
+
+    segments: list[KVSegment] = field(default_factory=list)  # per run: the run's tokens, canonical KV
+    from_cache: list[bool] = field(default_factory=list)  # per run: the cache held it (else computed now)
+    placements: list[tuple[list[int], KVSegment]] = field(default_factory=list)  # for the exact tree
+    scratch: list[KVBuffer] = field(default_factory=list)  # storage the computed placements live in
+    locked: list[Any] = field(default_factory=list)  # cache nodes held until the runs are placed
+    prefilled_tokens: int = 0
+    prefill_s: float = 0.0
+
+
+class ChunkSources:
+    """Looks up (or computes) the canonical KV of a stitched prompt's reused chunks."""
+
+    def __init__(
+        self, cache: RadixCache, runner: FusedLlamaRunner, buffers: BufferPool, disk: Any = None
+    ) -> None:
+        self.cache = cache
+        self.runner = runner
+        self.buffers = buffers
+        self.disk = disk  # engine.disk_tier.DiskTier or None
+
+    def fetch(
+        self,
+        prompt_ids: Sequence[int],
+        spans: Sequence[Span],
+        plan: StitchPlan,
+        buffer: KVBuffer,
+        namespace: str,
+        cancelled: threading.Event | None = None,
+    ) -> ChunkKV:
+        """Each run's KV; ``buffer`` must hold the prompt's anchor exactly (its KV seeds a prefill).
+        Call ``release`` once the segments are placed (also on error)."""
+        kv = ChunkKV()
+        anchor = list(prompt_ids[: plan.anchor])
+        try:
+            for run in plan.runs:
+                if cancelled is not None and cancelled.is_set():
+                    raise RequestCancelled
+                start, end = spans[run.chunk]
+                key = anchor + list(prompt_ids[start:end])
+                whole = self._lookup(key, namespace, kv)
+                if whole is None:
+                    whole = self._compute(key, buffer, plan.anchor, namespace, kv)
+                lo = plan.anchor + run.offset
+                kv.segments.append(whole[lo : lo + run.length])
+        except BaseException:
+            self.release(kv)
+            raise
+        return kv
+
+    def release(self, kv: ChunkKV) -> None:
+        """Unlock the cache nodes the fetch held (idempotent)."""
+        for node in kv.locked:
+            self.cache.unlock(node)
+        kv.locked.clear()
+
+    def recycle(self, kv: ChunkKV) -> None:
+        """Hand the scratch storage back (after the placements were inserted or dropped)."""
+        kv.placements.clear()
+        kv.segments.clear()
+        for scratch in kv.scratch:
+            self.buffers.give(scratch)
+        kv.scratch.clear()
+
+    def _lookup(self, key: list[int], namespace: str, kv: ChunkKV) -> KVSegment | None:
+        """The whole placement from the cache (locked until ``release``), or None if it is not all there."""
+        match = self.cache.match_prefix(key, namespace=namespace, lock=True, count=False)
+        kv.locked.append(match.node)
+        if match.length < len(key):
+            return None
+        kv.from_cache.append(True)
+        return KVSegment.concat(match.values)
+
+    def _compute(
+        self, key: list[int], buffer: KVBuffer, anchor: int, namespace: str, kv: ChunkKV
+    ) -> KVSegment:
+        """``key``'s KV in scratch storage: what the disk tier holds of it, the anchor's KV from the
+        request's buffer where the disk stopped short of it, the rest prefilled after them."""
+        clock = time.perf_counter()
+        scratch = self.buffers.take(self.runner.new_buffer, len(key))
+        kv.scratch.append(scratch)
+        held = self.disk.extend(scratch, key, namespace, limit=len(key)) if self.disk is not None else 0
+        if held < anchor:
+            scratch.extend([buffer.segment(held, anchor)])
+            held = anchor
+        if held < len(key):
+            self.runner.prefill(key[held:], scratch)
+        whole = scratch.segment(0, len(key))
+        kv.placements.append((key, whole))
+        kv.from_cache.append(held == len(key))
+        kv.prefilled_tokens += len(key) - held
+        kv.prefill_s += time.perf_counter() - clock
+        return whole

@@ -1,0 +1,112 @@
+"""How a request reuses cached KV: ``prefix`` (exact) or ``chunks`` (approximate, opt-in), and whether a
+model can do ``chunks`` at all.
+
+``prefix`` reuses the longest cached prefix of the prompt, nothing else: output equals full prefill.
+``chunks`` also reuses every retrieved chunk the cache has seen after the stable prefix, wherever the
+chunk stands now (keys re-rotated to the new position), and recomputes a share of the reused chunk
+tokens so the chunks see each other (``engine.stitch``). Its fidelity to full prefill is measured in
+the benchmark, never assumed.
+
+Example:
+    >>> ChunkReuse(strategy="first", share=0.1).share
+    0.1
+    >>> resolve_reuse("chunks", ChunkReuse()).strategy
+    'first'
+    >>> resolve_reuse("prefix", ChunkReuse()) is None
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+ReuseMode = Literal["prefix", "chunks"]
+RecomputeStrategy = Literal["none", "first", "deviation"]
+REUSE_MODES: tuple[str, ...] = get_args(ReuseMode)
+STRATEGIES: tuple[str, ...] = get_args(RecomputeStrategy)
+
+DEFAULT_STRATEGY: RecomputeStrategy = "first"
+DEFAULT_SHARE = 0.2
+DEFAULT_DEVIATION_LAYER = 1
+# RoPE variants whose rotation by p then by d equals the rotation by p + d (position-linear angles,
+# cos/sin not rescaled): dynamic NTK changes its frequencies with the length, yarn/longrope rescale
+ROTATABLE_ROPE = frozenset({"default", "linear", "llama3"})
+
+
+@dataclass(frozen=True)
+class ChunkReuse:
+    """Recompute settings of a ``chunks``-mode request.
+
+    ``strategy``: ``none`` (naive stitch), ``first`` (the first ``share`` of every reused chunk's tokens:
+    each chunk's own attention sink), ``deviation`` (CacheBlend: the ``share`` of reused tokens whose
+    keys/values deviate most from a fresh computation at layer ``deviation_layer``; the layers up to it
+    are recomputed for every chunk token). The question, chunk markers and anything not cached are
+    always computed.
+
+    Example:
+        >>> ChunkReuse(strategy="deviation", share=0.2, deviation_layer=2)
+        ChunkReuse(strategy='deviation', share=0.2, deviation_layer=2)
+    """
+
+    strategy: RecomputeStrategy = DEFAULT_STRATEGY
+    share: float = DEFAULT_SHARE
+    deviation_layer: int = DEFAULT_DEVIATION_LAYER
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"recompute strategy {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        if (
+            isinstance(self.share, bool)
+            or not isinstance(self.share, (int, float))
+            or not 0 <= self.share <= 1
+        ):
+            raise ValueError(f"recompute share must be a number in [0, 1], got {self.share!r}")
+        if isinstance(self.deviation_layer, bool) or not isinstance(self.deviation_layer, int):
+            raise ValueError(f"deviation_layer must be an int >= 1, got {self.deviation_layer!r}")
+        if self.deviation_layer < 1:
+            raise ValueError(
+                f"deviation_layer must be >= 1 (layer 0 sees no other chunk), got {self.deviation_layer}"
+            )
+
+    @property
+    def label(self) -> str:
+        """Short name for reports: ``none``, ``first 10%``, ``deviation 15% @1``."""
+        if self.strategy == "none":
+            return "none"
+        at = f" @{self.deviation_layer}" if self.strategy == "deviation" else ""
+        return f"{self.strategy} {self.share:.0%}{at}"
+
+
+def resolve_reuse(requested: str | ChunkReuse | None, default: ChunkReuse | None) -> ChunkReuse | None:
+    """A request's chunk settings (None: prefix mode) from its ``reuse`` option and the engine default.
+
+    ``requested``: None (the engine's mode), ``"prefix"``, ``"chunks"`` (the engine's recompute settings)
+    or a ``ChunkReuse``. ``default``: the engine's settings when its mode is ``chunks``, else None.
+    """
+    if requested is None:
+        return default
+    if isinstance(requested, ChunkReuse):
+        return requested
+    if requested == "prefix":
+        return None
+    if requested == "chunks":
+        return default or ChunkReuse()
+    raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)} or a ChunkReuse, got {requested!r}")
+
+
+def chunks_unsupported_reason(runner: Any, caching: bool) -> str | None:
+    """Why ``chunks`` mode cannot run on this engine (None: it can)."""
+    from engine.fused import FusedLlamaRunner
+
+    if not caching:
+        return "prefix caching is off (nothing to reuse)"
+    if not isinstance(runner, FusedLlamaRunner):
+        return "chunk stitching needs the fused Llama-family runner"
+    rotary = runner.rotary
+    rope_type = getattr(rotary, "rope_type", None)
+    if rope_type not in ROTATABLE_ROPE:
+        return f"rope type {rope_type!r} is not a plain rotation (allowed: {sorted(ROTATABLE_ROPE)})"
+    if float(getattr(rotary, "attention_scaling", 1.0)) != 1.0:
+        return "the rotary embedding rescales cos/sin, so a re-rotated key would be scaled twice"
+    return None

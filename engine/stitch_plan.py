@@ -1,0 +1,109 @@
+"""Which prompt tokens a ``chunks``-mode request reuses from cached chunks, and which it computes.
+
+A RAG prompt is ``[anchor][chunk 1][gap][chunk 2][gap]...[question]``: the anchor is every token before
+the first chunk span (the stable prefix and the first chunk's marker), gaps are the later chunks'
+markers. A chunk's KV is the one it got standing first, right after the anchor: the radix path
+``anchor + chunk`` (its canonical placement). So:
+
+* tokens the exact prefix match covers are loaded exactly, as in ``prefix`` mode;
+* a chunk that starts right after the anchor stands at its canonical placement: computed exactly;
+* every other chunk's uncovered tokens are *reused*: taken from the canonical placement, keys rotated
+  by ``delta = chunk start - anchor length`` positions (a ``ReusedRun``);
+* the rest (gaps, the question, the prompt's last token) is computed.
+
+Everything before the first reused token is exact (``exact_end``); only that part of the prompt may
+be inserted into the cache.
+
+Example:
+    >>> plan = plan_stitch(20, [(4, 8), (9, 14)], cached=0)
+    >>> plan.exact_end, [(r.start, r.offset, r.length, r.delta) for r in plan.runs]
+    (9, [(9, 0, 5, 5)])
+    >>> plan.computed_positions()
+    [14, 15, 16, 17, 18, 19]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class ReusedRun:
+    """Prompt tokens ``[start, start + length)``: chunk ``chunk``'s tokens from ``offset`` on, shifted
+    ``delta`` positions from their canonical placement."""
+
+    chunk: int
+    start: int
+    offset: int
+    length: int
+    delta: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+@dataclass(frozen=True)
+class StitchPlan:
+    """The reused runs of one prompt (non-empty, in prompt order) and what surrounds them."""
+
+    total: int  # prompt tokens
+    anchor: int  # tokens before the first chunk span
+    exact_end: int  # [0, exact_end) is loaded or computed exactly
+    runs: tuple[ReusedRun, ...]
+
+    @property
+    def reused_tokens(self) -> int:
+        return sum(r.length for r in self.runs)
+
+    def computed_positions(self) -> list[int]:
+        """Positions in ``[exact_end, total)`` no run covers (always computed), ascending."""
+        out: list[int] = []
+        pos = self.exact_end
+        for run in self.runs:
+            out.extend(range(pos, run.start))
+            pos = run.end
+        out.extend(range(pos, self.total))
+        return out
+
+
+def check_spans(spans: Sequence[Sequence[int]], total: int) -> list[Span]:
+    """Chunk spans as ``(start, end)`` ints, ascending and disjoint inside a ``total``-token prompt;
+    ValueError naming the first bad one."""
+    out: list[Span] = []
+    previous_end = 0
+    for n, span in enumerate(spans):
+        if not isinstance(span, (tuple, list)) or len(span) != 2:
+            raise ValueError(f"chunk_spans[{n}] must be a (start, end) pair, got {span!r}")
+        start, end = span
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in (start, end)):
+            raise ValueError(f"chunk_spans[{n}] must hold ints, got {span!r}")
+        if not previous_end <= start < end <= total:
+            raise ValueError(
+                f"chunk_spans[{n}] = {tuple(span)} must be non-empty, ascending, disjoint and within "
+                f"the prompt's {total} tokens"
+            )
+        out.append((start, end))
+        previous_end = end
+    return out
+
+
+def plan_stitch(total: int, spans: Sequence[Span], cached: int) -> StitchPlan | None:
+    """The plan for a ``total``-token prompt with (checked) ``spans`` whose first ``cached`` tokens the
+    exact match covers; None when nothing is left to reuse (then ``prefix`` mode does it all)."""
+    if not spans:
+        return None
+    anchor = spans[0][0]
+    runs = []
+    for n, (start, end) in enumerate(spans):
+        end = min(end, total - 1)  # the last prompt token is always computed: it gives the logits
+        first = max(start, cached)
+        if start == anchor or first >= end:
+            continue  # canonical placement (exact when computed) or covered by the exact match
+        runs.append(ReusedRun(n, first, first - start, end - first, start - anchor))
+    if not runs:
+        return None
+    return StitchPlan(total, anchor, runs[0].start, tuple(runs))

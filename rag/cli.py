@@ -242,6 +242,47 @@ def bench(
     )
 
 
+@app.command("eval-retrieval")
+def eval_retrieval(
+    split: str = typer.Option(
+        "heldout", "--split", help="tune (choose knobs on it), heldout (report) or all"
+    ),
+    index: Path = typer.Option(
+        None, "--index", help="index of the bundled corpus (default: the demo's; built if missing)"
+    ),
+    questions: Path = typer.Option(
+        None,
+        "--questions",
+        help="another question file of the same JSON shape (default: rag/data/retrieval_eval.json)",
+    ),
+    variants: bool = typer.Option(
+        True,
+        "--variants/--no-variants",
+        help="also plain, truncated and multi-vector embeddings (embeds again)",
+    ),
+    rerankers: bool = typer.Option(True, "--rerankers/--no-rerankers", help="also the embedding reranker"),
+    resamples: int = typer.Option(2000, "--resamples", min=100, help="bootstrap resamples per interval"),
+    json_out: Path = typer.Option(None, "--json", help="write every figure to this JSON file"),
+) -> None:
+    """Recall@1/4/10 and MRR (95% bootstrap intervals) of every retrieval method on the eval set."""
+    from rag.retrieval.eval_cli import eval_retrieval_command
+
+    try:
+        eval_retrieval_command(
+            console,
+            split=split,
+            index=index,
+            questions_file=questions,
+            variants=variants,
+            rerankers=rerankers,
+            resamples=resamples,
+            json_out=json_out,
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+
+
 @app.command()
 def version() -> None:
     """Print the installed version."""

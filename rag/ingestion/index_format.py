@@ -27,7 +27,16 @@ from rag.retrieval.index import VectorIndex
 
 FORMAT_VERSION = 1
 # Fields fixed at ingest time: a saved index is only valid with the same values.
-INGEST_FIELDS = ("embedder", "tokenizer_model", "chunk_size", "chunk_overlap", "title_in_embedding")
+INGEST_FIELDS = (
+    "embedder",
+    "tokenizer_model",
+    "chunk_size",
+    "chunk_overlap",
+    "title_in_embedding",
+    "long_chunks",
+)
+# Ingest-time fields added after an index may have been written: the value such an index was built with.
+_BUILT_BEFORE = {"long_chunks": "truncate"}
 
 
 @dataclass
@@ -78,7 +87,7 @@ def read_config(version: Path) -> RAGConfig:
     manifest = json.loads((version / "manifest.json").read_text(encoding="utf-8"))
     if manifest.get("format") != FORMAT_VERSION:
         raise ValueError(f"{version}: unsupported index format {manifest.get('format')!r}")
-    return RAGConfig.model_validate(manifest["config"])
+    return RAGConfig.model_validate({**_BUILT_BEFORE, **manifest["config"]})
 
 
 def read_index(version: Path, config: RAGConfig) -> SavedIndex:
@@ -95,14 +104,15 @@ def read_index(version: Path, config: RAGConfig) -> SavedIndex:
 
 
 def check_compatible(config: RAGConfig, saved: RAGConfig, where: Path) -> RAGConfig:
-    """``config`` if its ingest-time fields match the saved index's, else ValueError naming the field."""
+    """``config`` with the saved index's ingest-time fields; ValueError naming a field that ``config``
+    sets explicitly to another value (a field left at its default takes the saved value)."""
     for name in INGEST_FIELDS:
-        if getattr(config, name) != getattr(saved, name):
+        if name in config.model_fields_set and getattr(config, name) != getattr(saved, name):
             raise ValueError(
                 f"{where} was built with {name}={getattr(saved, name)!r}, but the config asks for "
                 f"{getattr(config, name)!r}; re-ingest to change it"
             )
-    return config
+    return config.model_copy(update={name: getattr(saved, name) for name in INGEST_FIELDS})
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -46,7 +46,7 @@ from rag.ingestion.loaders import LoadResult, load_paths
 from rag.ingestion.persist import current_version, save_version
 from rag.retrieval.bm25 import BM25Index
 from rag.retrieval.embedder import Embedder
-from rag.retrieval.factory import make_reranker, make_retriever
+from rag.retrieval.factory import make_embedder, make_reranker, make_retriever
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import Reranker
 from rag.retrieval.retriever import Retriever, check_query
@@ -139,11 +139,11 @@ class KnowledgeBase:
     ) -> None:
         cfg = config or RAGConfig()
         if embedder is not None:  # the config records what the index is really built with
-            cfg = cfg.model_copy(update={"embedder": embedder.model_name})
+            cfg = cfg.model_copy(update={"embedder": embedder.model_name, "long_chunks": embedder.long_texts})
         if chunker is not None:
             cfg = cfg.model_copy(update={"chunk_size": chunker.chunk_size, "chunk_overlap": chunker.overlap})
         self.config = cfg
-        self.embedder = embedder or Embedder(cfg.embedder, batch_size=cfg.embed_batch_size)
+        self.embedder = embedder or make_embedder(cfg)
         self.chunker = chunker or Chunker(cfg.tokenizer_model, cfg.chunk_size, cfg.chunk_overlap)
         self._reranker = reranker
         self._docs: dict[str, DocumentRecord] = {}

@@ -21,7 +21,6 @@ import numpy as np
 
 from rag.ingestion.documents import Chunk, ScoredChunk
 from rag.retrieval.bm25 import BM25Index
-from rag.retrieval.embedder import Embedder
 from rag.retrieval.index import VectorIndex
 
 
@@ -30,6 +29,12 @@ class Retriever(Protocol):
     """Anything that turns a query into scored chunks, best first."""
 
     def retrieve(self, query: str, top_k: int) -> list[ScoredChunk]: ...
+
+
+class QueryEmbedder(Protocol):
+    """What dense retrieval needs from an embedder (``rag.retrieval.embedder.Embedder`` is one)."""
+
+    def embed_query(self, text: str) -> np.ndarray: ...
 
 
 def check_query(query: str, top_k: int) -> None:
@@ -53,7 +58,7 @@ class DenseRetriever:
         'pass'
     """
 
-    def __init__(self, embedder: Embedder, index: VectorIndex, chunks: Mapping[str, Chunk]) -> None:
+    def __init__(self, embedder: QueryEmbedder, index: VectorIndex, chunks: Mapping[str, Chunk]) -> None:
         self.embedder, self.index, self.chunks = embedder, index, chunks
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # query -> [dim] vector
 

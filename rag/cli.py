@@ -218,6 +218,9 @@ def bench(
     samples: int = typer.Option(None, "--samples", min=2, help="caching-off requests measured (default 12)"),
     engine_section: bool = typer.Option(True, "--engine-section/--no-engine-section", help="issue 4 figures"),
     radix_section: bool = typer.Option(True, "--radix-section/--no-radix-section", help="issue 3 figures"),
+    retrieval_section: bool = typer.Option(
+        None, "--retrieval-section/--no-retrieval-section", help="issue 17 figures (default: on; quick: off)"
+    ),
     report_only: bool = typer.Option(
         False, "--report-only", help="redraw plots and report.md from OUT/results.json; measure nothing"
     ),
@@ -239,6 +242,7 @@ def bench(
         samples=samples,
         engine_section=engine_section,
         radix_section=radix_section,
+        retrieval_section=retrieval_section,
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -65,6 +65,18 @@ class BenchConfig(BaseModel):
     radix_section: bool = True
     radix_requests: int = Field(default=2000, ge=10)
     radix_levels: tuple[int, ...] = (10_000, 100_000)
+    retrieval_section: bool = True
+    retrieval_split: Literal["tune", "heldout"] = Field(
+        default="heldout", description="eval-set split the retrieval section reports"
+    )
+    retrieval_variants: bool = Field(
+        default=True,
+        description="also plain, truncated and multi-vector embeddings (embeds long chunks again)",
+    )
+    retrieval_rerankers: bool = True
+    retrieval_scale_chunks: int = Field(
+        default=100_000, ge=100, description="synthetic chunks of the scale run"
+    )
     quick: bool = False
 
     @model_validator(mode="after")
@@ -100,6 +112,7 @@ class BenchConfig(BaseModel):
             "engine_batch_sizes": (1, 4),
             "engine_decode_repeats": 1,
             "radix_requests": 300,
+            "retrieval_section": False,
             "steady_factor": 0,
             "quick": True,
         }

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.benchmark.plots import PLOTS, draw_all
+from rag.benchmark.retrieval_report import retrieval_section
 
 CSV_COLUMNS = [
     "config",
@@ -125,6 +126,7 @@ def render_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         _plots(plots),
         _engine_section(results),
         _radix_section(results),
+        retrieval_section(results),
         _method(results),
     ]
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"

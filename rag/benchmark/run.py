@@ -111,11 +111,13 @@ def run_benchmark(
             tpot = _tpot(config, loaded, reference, engine_section)
             step("time per output token")
         radix_section = _radix_section(config, clock, step, bpt)
+        retrieval_section = _retrieval_section(config, clock, step, kb)
     results = assemble_results(
         config, workloads, sweep, runs, tpot, kb, sim, bpt, (llama_ok, llama_note), steady
     )
     results["engine_section"] = engine_section
     results["radix_section"] = radix_section
+    results["retrieval_section"] = retrieval_section
     results["meta"] = _meta(command, time.perf_counter() - started)
     results["meta"]["cpu_s"] = time.process_time() - cpu_started  # all threads: the work, load aside
     results["meta"]["load_average"] = {"mean": sum(load) / max(len(load), 1), "max": max(load, default=0.0)}
@@ -262,6 +264,31 @@ def _radix_section(
     return out
 
 
+def _retrieval_section(
+    config: BenchConfig, clock: _Clock, step: Step, kb: KnowledgeBase
+) -> dict[str, Any] | None:
+    """Every retrieval method on the eval set's split (held-out by default), then the scale run."""
+    if not config.retrieval_section:
+        return None
+    from rag.benchmark.retrieval_scale import ScaleSpec, run_scale
+    from rag.retrieval.comparison import compare_methods
+    from rag.retrieval.eval_set import load_retrieval_eval
+
+    questions = load_retrieval_eval(config.retrieval_split)
+    with clock("retrieval section"):
+        methods = compare_methods(
+            kb,
+            questions,
+            split=config.retrieval_split,
+            variants=config.retrieval_variants,
+            rerankers=config.retrieval_rerankers,
+        )
+        step("retrieval section: methods compared")
+        scale = run_scale(kb, questions, ScaleSpec(chunks=config.retrieval_scale_chunks, seed=config.seed))
+        step("retrieval section: scale run")
+    return {"methods": methods, "scale": scale}
+
+
 def _steady_replay(config: BenchConfig, kb: KnowledgeBase, sim: Simulator) -> ReplayResult | None:
     """The measured stream continued to ``steady_factor`` times its length (the stream is seeded, so
     its first requests are the measured ones), replayed through an unbounded cache in ``cache`` order."""
@@ -289,7 +316,8 @@ def _total_steps(config: BenchConfig) -> int:
     sweep = len(config.sweep_skews) * len(config.orders) * len(config.evictions) * len(config.capacities)
     engine = 3 + config.engine_repeats if config.engine_section else 0
     steady = int(config.steady_factor > 1)
-    return 2 + sweep + steady + config.requests + 1 + engine + int(config.radix_section)
+    retrieval = 2 * int(config.retrieval_section)
+    return 2 + sweep + steady + config.requests + 1 + engine + int(config.radix_section) + retrieval
 
 
 @contextmanager

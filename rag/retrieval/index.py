@@ -150,6 +150,14 @@ class VectorIndex:
                     break
         return list(best.items())
 
+    def set_ef_search(self, ef_search: int) -> None:
+        """HNSW search breadth (higher: closer to exact, slower); kept for a flat index until it turns HNSW."""
+        if ef_search <= 0:
+            raise ValueError(f"ef_search must be > 0, got {ef_search}")
+        self.hnsw_params["ef_search"] = ef_search
+        if self.kind == "hnsw":
+            self._faiss.hnsw.efSearch = ef_search
+
     def vectors_of(self, key: str) -> np.ndarray:
         """The ``[n, dim]`` live vectors stored under ``key`` (n = 0 if unknown)."""
         return self._vectors[self._rows.get(key, [])]

@@ -74,6 +74,7 @@ class BM25Index:
         self._column: dict[str, int] = {}
         self._bm25: Any = None
         self._dirty = False
+        self._last: tuple[tuple[str, ...], np.ndarray] | None = None  # hybrid search scores a query twice
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -103,7 +104,7 @@ class BM25Index:
         terms = self._terms(query)
         if not terms:
             return []
-        scores = np.asarray(self._bm25.get_scores(terms), dtype=np.float32)  # [n_docs]
+        scores = self._scores(terms)  # [n_docs]
         k = min(k, len(scores))
         top = np.argpartition(-scores, k - 1)[:k]
         top = top[np.argsort(-scores[top], kind="stable")]
@@ -116,9 +117,16 @@ class BM25Index:
         terms = self._terms(query)
         if not terms or not known:
             return dict.fromkeys(known, 0.0)
-        scores = self._bm25.get_scores(terms)  # [n_docs]
+        scores = self._scores(terms)  # [n_docs]
         column = self._column
         return {key: float(scores[column[key]]) for key in known}
+
+    def _scores(self, terms: list[str]) -> np.ndarray:
+        """Every document's score for these terms (the last query's are kept until the index changes)."""
+        key = tuple(terms)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, np.asarray(self._bm25.get_scores(terms), dtype=np.float32))
+        return self._last[1]
 
     def _terms(self, query: str) -> list[str]:
         if self._bm25 is None:
@@ -130,6 +138,7 @@ class BM25Index:
             return
         import bm25s
 
+        self._last = None
         self._order = list(self._tokens)
         self._column = {key: i for i, key in enumerate(self._order)}
         corpus = [self._tokens[key] or [""] for key in self._order]

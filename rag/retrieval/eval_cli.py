@@ -89,10 +89,11 @@ def comparison_table(report: dict[str, Any]) -> Table:
 def latency_table(report: dict[str, Any]) -> Table:
     """Milliseconds per query at top-4, query embedding included."""
     table = Table(title=f"retrieval latency per query at top-4 ({report['chunks']} chunks)")
-    for name in ("method", "queries", "p50 ms", "p95 ms"):
+    for name in ("method", "queries", "p50 ms", "p95 ms", "embed p50", "search p50"):
         table.add_column(name, justify="left" if name == "method" else "right")
     for name, t in report["latency_ms"].items():
-        table.add_row(name, str(t["queries"]), f"{t['p50']:.1f}", f"{t['p95']:.1f}")
+        cells = (t["p50"], t["p95"], t["embed_p50"], t["search_p50"])
+        table.add_row(name, str(t["queries"]), *(f"{v:.1f}" for v in cells))
     return table
 
 

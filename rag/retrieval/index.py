@@ -26,7 +26,8 @@ import numpy as np
 IndexKind = Literal["auto", "flat", "hnsw"]
 _DEAD_FRACTION_REBUILD = 0.2
 HNSW_M = 32
-EF_SEARCH = 256  # chosen on the tuning questions: the smallest breadth meeting the scale run's ANN recall target
+# ef_search: chosen on the tuning questions, the smallest breadth meeting the scale run's ANN recall target
+EF_SEARCH = 256
 EF_CONSTRUCTION = 200
 
 

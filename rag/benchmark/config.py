@@ -77,6 +77,9 @@ class BenchConfig(BaseModel):
     retrieval_scale_chunks: int = Field(
         default=100_000, ge=100, description="synthetic chunks of the scale run"
     )
+    retrieval_timed_questions: int | None = Field(
+        default=None, ge=1, description="questions timed per method (default: every question of the split)"
+    )
     quick: bool = False
 
     @model_validator(mode="after")
@@ -113,6 +116,10 @@ class BenchConfig(BaseModel):
             "engine_decode_repeats": 1,
             "radix_requests": 300,
             "retrieval_section": False,
+            "retrieval_variants": False,
+            "retrieval_rerankers": False,
+            "retrieval_scale_chunks": 20_000,
+            "retrieval_timed_questions": 40,
             "steady_factor": 0,
             "quick": True,
         }

@@ -282,9 +282,11 @@ def _retrieval_section(
             split=config.retrieval_split,
             variants=config.retrieval_variants,
             rerankers=config.retrieval_rerankers,
+            timed_questions=config.retrieval_timed_questions,
         )
         step("retrieval section: methods compared")
-        scale = run_scale(kb, questions, ScaleSpec(chunks=config.retrieval_scale_chunks, seed=config.seed))
+        timed = questions[: config.retrieval_timed_questions]
+        scale = run_scale(kb, timed, ScaleSpec(chunks=config.retrieval_scale_chunks, seed=config.seed))
         step("retrieval section: scale run")
     return {"methods": methods, "scale": scale}
 

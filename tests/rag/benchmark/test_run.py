@@ -38,6 +38,9 @@ TINY = BenchConfig.quick_run(
     radix_requests=40,
     radix_levels=(3000,),
     steady_factor=3,
+    retrieval_section=True,
+    retrieval_scale_chunks=500,
+    retrieval_timed_questions=3,
 )
 
 
@@ -63,7 +66,14 @@ def test_report_embeds_every_plot_and_states_the_figures(run):
     report = (out / "report.md").read_text()
     for name in PLOTS:
         assert f"]({name})" in report
-    for heading in ("## Headline", "## Targets", "## Engine section", "## Radix section", "## Method"):
+    for heading in (
+        "## Headline",
+        "## Targets",
+        "## Engine section",
+        "## Radix section",
+        "## Retrieval section",
+        "## Method",
+    ):
         assert heading in report
     assert results["meta"]["date"][:4] in report and "cores" in report
     assert "llama.cpp" in report
@@ -143,6 +153,8 @@ def test_fit_targets_and_sections(run):
     assert "3000" in results["radix_section"]["results"]["lru"]
     assert results["baselines"]["llama_cpp"]["note"]
     assert set(results["ttft_samples"]) == set(results["measured"])
+    retrieval = results["retrieval_section"]
+    assert retrieval["methods"]["split"] == "heldout" and retrieval["scale"]["spec"]["chunks"] == 500
 
 
 def test_steady_state_continues_the_measured_stream(run):

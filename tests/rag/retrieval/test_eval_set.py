@@ -24,10 +24,10 @@ def questions() -> list[EvalQuestion]:
     return load_retrieval_eval()
 
 
-def test_at_least_200_questions_over_every_topic(questions):
+def test_over_300_questions_over_every_topic(questions):
     from pydoc_data.topics import topics
 
-    assert len(questions) >= 200
+    assert len(questions) > 300  # the issue asks for 200; the README states over 300
     assert len({q.id for q in questions}) == len({q.question for q in questions}) == len(questions)
     assert all(q.topics <= set(topics) and q.primary in q.topics for q in questions)
     assert {q.primary for q in questions} == set(topics)  # every topic was written from

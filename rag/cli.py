@@ -30,6 +30,7 @@ def _quiet_libraries() -> None:
     except ImportError:  # pragma: no cover
         pass
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # it sets itself to DEBUG on import
 
 
 def _index_dir(index: Path | None) -> Path:

@@ -30,7 +30,8 @@ def _quiet_libraries() -> None:
     except ImportError:  # pragma: no cover
         pass
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("bm25s").setLevel(logging.WARNING)  # it sets itself to DEBUG on import
+    for handler in logging.getLogger().handlers:  # a library that sets its logger to DEBUG (bm25s) too
+        handler.setLevel(logging.WARNING)
 
 
 def _index_dir(index: Path | None) -> Path:

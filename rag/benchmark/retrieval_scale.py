@@ -42,7 +42,12 @@ P50_MS_TARGET = 100.0
 
 @dataclass(frozen=True)
 class ScaleSpec:
-    """The synthetic corpus and the HNSW settings to measure."""
+    """The synthetic corpus and the HNSW settings to measure.
+
+    Example:
+        >>> ScaleSpec(chunks=10_000).ef_search == EF_SEARCH
+        True
+    """
 
     chunks: int = 100_000
     chunks_per_document: int = 6
@@ -69,7 +74,13 @@ class ScaleSpec:
 
 @dataclass
 class SyntheticCorpus:
-    """Chunks, their vectors ([n, dim] unit rows, in ``ids`` order) and texts."""
+    """Chunks, their vectors ([n, dim] unit rows, in ``ids`` order) and texts.
+
+    Example:
+        >>> corpus = synthetic_corpus(kb_parts(kb), ScaleSpec(chunks=1000))   # doctest: +SKIP
+        >>> corpus.vectors.shape[0] == len(corpus.ids) == 1000                # doctest: +SKIP
+        True
+    """
 
     ids: list[str]
     vectors: np.ndarray

@@ -70,7 +70,12 @@ class EvalSetting:
     """One way to retrieve. ``mode=None`` means the knowledge base's own ``search`` (its config,
     reranker included); otherwise ``make_retriever`` with ``config`` (default: the kb's) over
     ``index`` and ``bm25`` (default: the kb's), then ``reranker`` over ``rerank_candidates``
-    first-stage hits."""
+    first-stage hits.
+
+    Example:
+        >>> EvalSetting("dense, no diversity", "dense", config=RAGConfig(max_chunks_per_document=0)).mode
+        'dense'
+    """
 
     name: str
     mode: RetrievalMode | None = None
@@ -83,7 +88,13 @@ class EvalSetting:
 
 @dataclass(frozen=True)
 class EvalRow:
-    """What one setting scored over the questions."""
+    """What one setting scored over the questions.
+
+    Example:
+        >>> row = EvalRow("dense", {1: 0.7, 4: 0.9}, ms_per_query=8.0, mrr=0.79)
+        >>> row.as_dict()["recall"]
+        {'1': 0.7, '4': 0.9}
+    """
 
     name: str
     recall: dict[int, float]
@@ -292,7 +303,13 @@ def _explicit(kb: KnowledgeBase, setting: EvalSetting) -> EvalSetting:
 
 
 class QueryVectorMemo:
-    """An embedder's ``embed_query`` remembered per text: every setting of an evaluation asks again."""
+    """An embedder's ``embed_query`` remembered per text: every setting of an evaluation asks again.
+
+    Example:
+        >>> memo = QueryVectorMemo(Embedder())                      # doctest: +SKIP
+        >>> memo.embed_query("what does pass do?") is memo.embed_query("what does pass do?")  # doctest: +SKIP
+        True
+    """
 
     def __init__(self, embedder: QueryEmbedder) -> None:
         self.embedder = embedder

@@ -38,7 +38,13 @@ SearchText = Callable[[Chunk], str]
 
 @dataclass(frozen=True)
 class KBParts:
-    """The components a knowledge base searches with."""
+    """The components a knowledge base searches with.
+
+    Example:
+        >>> parts = kb_parts(kb)                               # doctest: +SKIP
+        >>> len(parts.index) == len(parts.chunks)              # doctest: +SKIP
+        True
+    """
 
     embedder: Embedder
     index: VectorIndex

@@ -13,7 +13,18 @@ from rag.benchmark.cli import parse_skews
 from rag.benchmark.config import BenchConfig
 from rag.cli import app
 
-DOCTESTED = ["oracle", "stats", "workload", "simulate", "measure", "results", "cli", "config"]
+DOCTESTED = [
+    "oracle",
+    "stats",
+    "workload",
+    "simulate",
+    "measure",
+    "results",
+    "cli",
+    "config",
+    "retrieval_report",
+    "retrieval_scale",
+]
 
 
 @pytest.mark.parametrize("name", DOCTESTED)

@@ -33,6 +33,8 @@ def _quiet_libraries() -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # a library that sets its logger to DEBUG (bm25s) too
+        handler.setLevel(logging.WARNING)
 
 
 def _index_dir(index: Path | None) -> Path:
@@ -432,6 +434,11 @@ def bench(
     chunks_section: bool = typer.Option(
         True, "--chunks-section/--no-chunks-section", help="chunk reuse: speed and fidelity to full prefill"
     ),
+    retrieval_section: bool = typer.Option(
+        None,
+        "--retrieval-section/--no-retrieval-section",
+        help="retrieval methods on the held-out questions and the ANN scale run (default: on; quick: off)",
+    ),
     report_only: bool = typer.Option(
         False, "--report-only", help="redraw plots and report.md from OUT/results.json; measure nothing"
     ),
@@ -456,7 +463,49 @@ def bench(
         kv_section=kv_section,
         weights_section=weights_section,
         chunks_section=chunks_section,
+        retrieval_section=retrieval_section,
     )
+
+
+@app.command("eval-retrieval")
+def eval_retrieval(
+    split: str = typer.Option(
+        "heldout", "--split", help="tune (choose knobs on it), heldout (report) or all"
+    ),
+    index: Path = typer.Option(
+        None, "--index", help="index of the bundled corpus (default: the demo's; built if missing)"
+    ),
+    questions: Path = typer.Option(
+        None,
+        "--questions",
+        help="another question file of the same JSON shape (default: rag/data/retrieval_eval.json)",
+    ),
+    variants: bool = typer.Option(
+        True,
+        "--variants/--no-variants",
+        help="also plain, truncated and multi-vector embeddings (embeds again)",
+    ),
+    rerankers: bool = typer.Option(True, "--rerankers/--no-rerankers", help="also the embedding reranker"),
+    resamples: int = typer.Option(2000, "--resamples", min=100, help="bootstrap resamples per interval"),
+    json_out: Path = typer.Option(None, "--json", help="write every figure to this JSON file"),
+) -> None:
+    """Recall@1/4/10 and MRR (95% bootstrap intervals) of every retrieval method on the eval set."""
+    from rag.retrieval.eval_cli import eval_retrieval_command
+
+    try:
+        eval_retrieval_command(
+            console,
+            split=split,
+            index=index,
+            questions_file=questions,
+            variants=variants,
+            rerankers=rerankers,
+            resamples=resamples,
+            json_out=json_out,
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
 
 
 @app.command()

@@ -1,6 +1,7 @@
 """RAGConfig: the knobs of the rag layer (retrieval part; prompt and engine fields come later).
 
-Defaults are the measured ones (see ``rag.retrieval.evaluate`` and ``examples/eval_retrieval.py``).
+Retrieval defaults are the ones measured best on the tuning split of the retrieval eval set
+(``prefixrag eval-retrieval``, ``rag.retrieval.evaluate``).
 
 Example:
     >>> cfg = RAGConfig(chunk_size=128, retrieval_mode="dense")
@@ -19,7 +20,7 @@ from engine.config import EngineConfig
 from engine.sampling import SamplingParams
 from rag.ingestion.documents import check_collection
 from rag.prompt.assembler import DEFAULT_SYSTEM_PROMPT
-from rag.retrieval.embedder import DEFAULT_EMBEDDER
+from rag.retrieval.embedder import DEFAULT_EMBEDDER, LongTexts
 from rag.retrieval.retriever import check_top_k
 
 RetrievalMode = Literal["dense", "bm25", "hybrid"]
@@ -53,6 +54,11 @@ class RAGConfig(BaseModel):
         default=True,
         description="prefix each chunk's document title to the text that is embedded and BM25-indexed",
     )
+    long_chunks: LongTexts = Field(
+        default="windows",
+        description="a chunk longer than the embedder reads: 'windows' pools overlapping windows into one "
+        "vector, 'truncate' embeds only what fits",
+    )
     # retrieval
     top_k: int = Field(default=4, gt=0, description="chunks an answer is grounded on when a call names none")
     retrieval_mode: RetrievalMode = "hybrid"
@@ -63,6 +69,12 @@ class RAGConfig(BaseModel):
     rrf_k: int = Field(default=60, gt=0)
     fusion_pool: int = Field(
         default=50, gt=0, description="candidates taken from each retriever before fusion"
+    )
+    max_chunks_per_document: int = Field(
+        default=1,
+        ge=0,
+        description="diversity: a document's chunks beyond this many rank after other documents' hits "
+        "(0: no cap)",
     )
     # reranking
     reranker: RerankerName = "none"

@@ -12,6 +12,7 @@ from rich.table import Table
 from engine.paths import prefixrag_home
 from rag.config import RAGConfig
 from rag.ingestion.documents import DEFAULT_COLLECTION
+from rag.ingestion.index_format import INGEST_FIELDS
 from rag.ingestion.loaders import load_python_reference
 from rag.pipeline import Answer, Pipeline
 from rag.warming import warm_chunks
@@ -38,8 +39,13 @@ def open_demo_pipeline(
     console: Console, config: RAGConfig, index_dir: Path, topics: int | None = None
 ) -> Pipeline:
     """Load the saved demo index (re-ingesting changed topics only) or build it with a progress bar;
-    ``topics`` keeps only the reference's first n topics."""
+    ``topics`` keeps only the reference's first n topics; a saved index built with other ingest
+    settings than ``config``'s is rebuilt."""
     pipeline = Pipeline.from_config(config.model_copy(update={"index_dir": index_dir}))
+    stale = [f for f in INGEST_FIELDS if getattr(pipeline.kb.config, f) != getattr(config, f)]
+    if stale:
+        console.print(f"[yellow]rebuilding[/] {index_dir}: it was built with other {', '.join(stale)}")
+        pipeline = Pipeline.from_config(config.model_copy(update={"index_dir": None}))
     docs = load_python_reference()[:topics]
     t0 = time.perf_counter()
     with console.status("loading the embedder and the tokenizer"):

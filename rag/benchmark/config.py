@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -89,6 +89,21 @@ class BenchConfig(BaseModel):
     radix_section: bool = True
     radix_requests: int = Field(default=2000, ge=10)
     radix_levels: tuple[int, ...] = (10_000, 100_000)
+    retrieval_section: bool = True
+    retrieval_split: Literal["tune", "heldout"] = Field(
+        default="heldout", description="eval-set split the retrieval section reports"
+    )
+    retrieval_variants: bool = Field(
+        default=True,
+        description="also plain, truncated and multi-vector embeddings (embeds long chunks again)",
+    )
+    retrieval_rerankers: bool = True
+    retrieval_scale_chunks: int = Field(
+        default=100_000, ge=100, description="synthetic chunks of the scale run"
+    )
+    retrieval_timed_questions: int | None = Field(
+        default=None, ge=1, description="questions timed per method (default: every question of the split)"
+    )
     quick: bool = False
     # chunks section (reuse="chunks": TTFT, reuse and fidelity to full prefill)
     chunks_section: bool = True
@@ -149,6 +164,11 @@ class BenchConfig(BaseModel):
             "kv_fidelity_tokens": 8,
             "kv_break_even_lengths": (64, 512),
             "kv_zero_hit_requests": 4,
+            "retrieval_section": False,
+            "retrieval_variants": False,
+            "retrieval_rerankers": False,
+            "retrieval_scale_chunks": 20_000,
+            "retrieval_timed_questions": 40,
             "steady_factor": 0,
             "chunks_requests": 3,
             "chunks_budgets": (0.2,),

@@ -17,6 +17,7 @@ from typing import Any
 from rag.benchmark.chunks_report import chunks_markdown
 from rag.benchmark.measure import OFF, TRANSFORMERS
 from rag.benchmark.plots import PLOTS, draw_all
+from rag.benchmark.retrieval_report import retrieval_section
 from rag.benchmark.weights_report import weights_markdown
 
 ENGINE_TITLE = "Engine: cold vs warm TTFT, 0%-hit overhead, decode"
@@ -134,6 +135,7 @@ def render_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         chunks_markdown(results),
         _radix_section(results),
         _kv_section(results),
+        retrieval_section(results),
         _method(results),
     ]
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"

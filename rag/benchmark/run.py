@@ -118,6 +118,7 @@ def run_benchmark(
             step("time per output token")
         radix_section = _radix_section(config, clock, step, bpt)
         kv_section = _kv_section(config, clock, step, loaded, sweep.working_set_bytes[config.skew] // bpt)
+        retrieval_section = _retrieval_section(config, clock, step, kb)
     results = assemble_results(
         config, workloads, sweep, runs, tpot, kb, sim, bpt, (llama_ok, llama_note), steady
     )
@@ -126,6 +127,7 @@ def run_benchmark(
     results["chunks_section"] = chunks_section
     results["radix_section"] = radix_section
     results["kv_section"] = kv_section
+    results["retrieval_section"] = retrieval_section
     results["meta"] = _meta(command, time.perf_counter() - started)
     results["meta"]["cpu_s"] = time.process_time() - cpu_started  # all threads: the work, load aside
     results["meta"]["load_average"] = {"mean": sum(load) / max(len(load), 1), "max": max(load, default=0.0)}
@@ -336,6 +338,33 @@ def _kv_section(
     return out
 
 
+def _retrieval_section(
+    config: BenchConfig, clock: _Clock, step: Step, kb: KnowledgeBase
+) -> dict[str, Any] | None:
+    """Every retrieval method on the eval set's split (held-out by default), then the scale run."""
+    if not config.retrieval_section:
+        return None
+    from rag.benchmark.retrieval_scale import ScaleSpec, run_scale
+    from rag.retrieval.comparison import compare_methods
+    from rag.retrieval.eval_set import load_retrieval_eval
+
+    questions = load_retrieval_eval(config.retrieval_split)
+    with clock("retrieval section"):
+        methods = compare_methods(
+            kb,
+            questions,
+            split=config.retrieval_split,
+            variants=config.retrieval_variants,
+            rerankers=config.retrieval_rerankers,
+            timed_questions=config.retrieval_timed_questions,
+        )
+        step("retrieval section: methods compared")
+        timed = questions[: config.retrieval_timed_questions]
+        scale = run_scale(kb, timed, ScaleSpec(chunks=config.retrieval_scale_chunks, seed=config.seed))
+        step("retrieval section: scale run")
+    return {"methods": methods, "scale": scale}
+
+
 def _steady_replay(config: BenchConfig, kb: KnowledgeBase, sim: Simulator) -> ReplayResult | None:
     """The measured stream continued to ``steady_factor`` times its length (the stream is seeded, so
     its first requests are the measured ones), replayed through an unbounded cache in ``cache`` order."""
@@ -373,7 +402,8 @@ def _total_steps(config: BenchConfig) -> int:
         else 0
     )
     kv = 3 + len(config.kv_disk_dtypes) if config.kv_section else 0
-    sections = engine + weights + int(config.radix_section) + kv + chunks
+    retrieval = 2 * int(config.retrieval_section)
+    sections = engine + weights + int(config.radix_section) + kv + chunks + retrieval
     return 2 + sweep + steady + config.requests + 1 + sections
 
 

@@ -34,7 +34,16 @@ from rag.retrieval.index import VectorIndex
 FORMAT_VERSION = 2
 _LEGACY_FORMAT = 1  # one collection, its files at the top of the version directory
 # Fields fixed at ingest time: a saved index is only valid with the same values.
-INGEST_FIELDS = ("embedder", "tokenizer_model", "chunk_size", "chunk_overlap", "title_in_embedding")
+INGEST_FIELDS = (
+    "embedder",
+    "tokenizer_model",
+    "chunk_size",
+    "chunk_overlap",
+    "title_in_embedding",
+    "long_chunks",
+)
+# Ingest-time fields added after an index may have been written: the value such an index was built with.
+_BUILT_BEFORE = {"long_chunks": "truncate"}
 
 # Not properties of an index: where it lives, and the engine that answers from it (indexes saved
 # before this rule carry an "engine" entry, which loading ignores).
@@ -115,7 +124,7 @@ def read_config(version: Path) -> RAGConfig:
     if manifest.get("format") not in (FORMAT_VERSION, _LEGACY_FORMAT):
         raise ValueError(f"{version}: unsupported index format {manifest.get('format')!r}")
     saved = {k: v for k, v in manifest["config"].items() if k not in _NOT_SAVED}
-    return RAGConfig.model_validate(saved)
+    return RAGConfig.model_validate({**_BUILT_BEFORE, **saved})
 
 
 def read_index(version: Path, config: RAGConfig) -> SavedIndex:
@@ -131,14 +140,15 @@ def read_index(version: Path, config: RAGConfig) -> SavedIndex:
 
 
 def check_compatible(config: RAGConfig, saved: RAGConfig, where: Path) -> RAGConfig:
-    """``config`` if its ingest-time fields match the saved index's, else ValueError naming the field."""
+    """``config`` with the saved index's ingest-time fields; ValueError naming a field that ``config``
+    sets explicitly to another value (a field left at its default takes the saved value)."""
     for name in INGEST_FIELDS:
-        if getattr(config, name) != getattr(saved, name):
+        if name in config.model_fields_set and getattr(config, name) != getattr(saved, name):
             raise ValueError(
                 f"{where} was built with {name}={getattr(saved, name)!r}, but the config asks for "
                 f"{getattr(config, name)!r}; re-ingest to change it"
             )
-    return config
+    return config.model_copy(update={name: getattr(saved, name) for name in INGEST_FIELDS})
 
 
 def _write_collection(folder: Path, collection: Collection) -> None:

@@ -49,8 +49,9 @@ from rag.ingestion.index_format import (
 )
 from rag.ingestion.loaders import LoadResult, load_paths
 from rag.ingestion.persist import current_version, save_version
+from rag.retrieval.diversity import DiverseRetriever
 from rag.retrieval.embedder import Embedder
-from rag.retrieval.factory import make_reranker, make_retriever
+from rag.retrieval.factory import make_embedder, make_reranker, make_retriever
 from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import Reranker
@@ -140,11 +141,11 @@ class KnowledgeBase:
     ) -> None:
         cfg = config or RAGConfig()
         if embedder is not None:  # the config records what the index is really built with
-            cfg = cfg.model_copy(update={"embedder": embedder.model_name})
+            cfg = cfg.model_copy(update={"embedder": embedder.model_name, "long_chunks": embedder.long_texts})
         if chunker is not None:
             cfg = cfg.model_copy(update={"chunk_size": chunker.chunk_size, "chunk_overlap": chunker.overlap})
         self.config = cfg
-        self.embedder = embedder or Embedder(cfg.embedder, batch_size=cfg.embed_batch_size)
+        self.embedder = embedder or make_embedder(cfg)
         self.chunker = chunker or Chunker(cfg.tokenizer_model, cfg.chunk_size, cfg.chunk_overlap)
         self._reranker = reranker
         self._collections: dict[str, Collection] = {}
@@ -331,6 +332,8 @@ class KnowledgeBase:
         """Cosine similarity of ``query`` with each chunk's embedding, in [-1, 1]: unlike a fused or
         reranked score it does not depend on the other candidates (``Source.score`` reports it)."""
         dense = self.retriever("dense", collections=collections)
+        if isinstance(dense, DiverseRetriever):  # diversity reorders results; the scores are the inner's
+            dense = dense.inner
         assert isinstance(dense, DenseRetriever)
         return dense.score(query, chunk_ids)
 

@@ -6,7 +6,9 @@ persisted: the owner re-adds the stored chunk texts on load, which gives the ide
 
 Tokens are lower-cased runs of word characters (two or more); an identifier with underscores also
 yields its parts (``__getattr__`` -> ``__getattr__``, ``getattr``) and a light English suffix
-stripper folds plurals and verb forms (``raises``/``raised`` -> ``rais``).
+stripper folds plurals and verb forms (``raises``/``raised`` -> ``rais``). Operators are tokens too
+(runs of up to three operator characters: ``<<``, ``**``, ``^``), so a question about ``~`` can
+match the text that explains it; longer runs are table rules and ASCII art, not operators.
 
 Example:
     >>> bm25 = BM25Index()
@@ -24,6 +26,8 @@ from typing import Any
 import numpy as np
 
 _WORD = re.compile(r"\w\w+")
+_OPERATOR = re.compile(r"[-+*/%@&|^~<>=!:]+")
+_MAX_OPERATOR = 3
 _SUFFIXES = ("ations", "ation", "ings", "ing", "ies", "ied", "ed", "es", "s")
 
 
@@ -35,8 +39,8 @@ def stem(word: str) -> str:
     return word
 
 
-def tokenize(text: str, stemming: bool = True) -> list[str]:
-    """Lexical tokens of ``text`` for BM25."""
+def tokenize(text: str, stemming: bool = True, operators: bool = True) -> list[str]:
+    """Lexical tokens of ``text`` for BM25 (``operators``: operator runs are tokens too)."""
     tokens = []
     for word in _WORD.findall(text.lower()):
         tokens.append(stem(word) if stemming else word)
@@ -44,6 +48,8 @@ def tokenize(text: str, stemming: bool = True) -> list[str]:
             tokens.extend(part for part in word.split("_") if len(part) > 1)
         elif word.startswith("_") and len(word.strip("_")) > 1:
             tokens.append(word.strip("_"))
+    if operators:
+        tokens.extend(op for op in _OPERATOR.findall(text) if len(op) <= _MAX_OPERATOR)
     return tokens
 
 
@@ -59,13 +65,16 @@ class BM25Index:
         (1, [])
     """
 
-    def __init__(self, k1: float = 1.5, b: float = 0.75, stemming: bool = True) -> None:
-        self.k1, self.b, self.stemming = k1, b, stemming
+    def __init__(
+        self, k1: float = 1.5, b: float = 0.75, stemming: bool = True, operators: bool = True
+    ) -> None:
+        self.k1, self.b, self.stemming, self.operators = k1, b, stemming, operators
         self._tokens: dict[str, list[str]] = {}
         self._order: list[str] = []  # key of each column of the built matrix
         self._column: dict[str, int] = {}
         self._bm25: Any = None
         self._dirty = False
+        self._last: tuple[tuple[str, ...], np.ndarray] | None = None  # hybrid search scores a query twice
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -78,7 +87,7 @@ class BM25Index:
         if len(keys) != len(texts):
             raise ValueError(f"got {len(keys)} keys for {len(texts)} texts")
         for key, text in zip(keys, texts, strict=True):
-            self._tokens[key] = tokenize(text, self.stemming)
+            self._tokens[key] = tokenize(text, self.stemming, self.operators)
         self._dirty = self._dirty or bool(keys)
 
     def delete(self, keys: Iterable[str]) -> int:
@@ -95,7 +104,7 @@ class BM25Index:
         terms = self._terms(query)
         if not terms:
             return []
-        scores = np.asarray(self._bm25.get_scores(terms), dtype=np.float32)  # [n_docs]
+        scores = self._scores(terms)  # [n_docs]
         k = min(k, len(scores))
         top = np.argpartition(-scores, k - 1)[:k]
         top = top[np.argsort(-scores[top], kind="stable")]
@@ -108,20 +117,28 @@ class BM25Index:
         terms = self._terms(query)
         if not terms or not known:
             return dict.fromkeys(known, 0.0)
-        scores = self._bm25.get_scores(terms)  # [n_docs]
+        scores = self._scores(terms)  # [n_docs]
         column = self._column
         return {key: float(scores[column[key]]) for key in known}
+
+    def _scores(self, terms: list[str]) -> np.ndarray:
+        """Every document's score for these terms (the last query's are kept until the index changes)."""
+        key = tuple(terms)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, np.asarray(self._bm25.get_scores(terms), dtype=np.float32))
+        return self._last[1]
 
     def _terms(self, query: str) -> list[str]:
         if self._bm25 is None:
             return []
-        return [t for t in tokenize(query, self.stemming) if t in self._bm25.vocab_dict]
+        return [t for t in tokenize(query, self.stemming, self.operators) if t in self._bm25.vocab_dict]
 
     def _build(self) -> None:
         if not self._dirty:
             return
         import bm25s
 
+        self._last = None
         self._order = list(self._tokens)
         self._column = {key: i for i, key in enumerate(self._order)}
         corpus = [self._tokens[key] or [""] for key in self._order]

@@ -1,6 +1,8 @@
-"""Retrievers and rerankers built from a ``RAGConfig``: the one place that maps config names to components.
+"""Embedders, retrievers and rerankers built from a ``RAGConfig``: the one place that maps config
+names to components.
 
 Example:
+    >>> embedder = make_embedder(cfg)                                                 # doctest: +SKIP
     >>> retriever = make_retriever(cfg, embedder, index, bm25, chunks, mode="hybrid")  # doctest: +SKIP
     >>> reranker = make_reranker(cfg, embedder, chunker)                              # doctest: +SKIP
 """
@@ -13,16 +15,22 @@ from rag.config import Fusion, RAGConfig, RetrievalMode
 from rag.ingestion.chunking import Chunker
 from rag.ingestion.documents import Chunk
 from rag.retrieval.bm25 import BM25Index
+from rag.retrieval.diversity import DiverseRetriever
 from rag.retrieval.embedder import Embedder
 from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import CrossEncoderReranker, EmbeddingReranker, NoReranker, Reranker
-from rag.retrieval.retriever import BM25Retriever, DenseRetriever, HybridRetriever, Retriever
+from rag.retrieval.retriever import BM25Retriever, DenseRetriever, HybridRetriever, QueryEmbedder, Retriever
+
+
+def make_embedder(config: RAGConfig) -> Embedder:
+    """The embedder the config names, embedding long chunks as it says (``long_chunks``)."""
+    return Embedder(config.embedder, batch_size=config.embed_batch_size, long_texts=config.long_chunks)
 
 
 def make_retriever(
     config: RAGConfig,
-    embedder: Embedder,
+    embedder: QueryEmbedder,
     index: VectorIndex | FederatedIndex,
     bm25: BM25Index | FederatedBM25,
     chunks: Mapping[str, Chunk],
@@ -31,19 +39,24 @@ def make_retriever(
     fusion: Fusion | None = None,
 ) -> Retriever:
     """The first-stage retriever for ``mode`` (default: the config's); ``fusion`` overrides the
-    config's for hybrid mode."""
+    config's for hybrid mode. With ``max_chunks_per_document`` > 0 its results are diversified."""
     mode = mode or config.retrieval_mode
     dense = DenseRetriever(embedder, index, chunks)
     lexical = BM25Retriever(bm25, chunks)
+    retriever: Retriever
     if mode == "dense":
-        return dense
-    if mode == "bm25":
-        return lexical
-    if mode == "hybrid":
-        return HybridRetriever(
+        retriever = dense
+    elif mode == "bm25":
+        retriever = lexical
+    elif mode == "hybrid":
+        retriever = HybridRetriever(
             dense, lexical, fusion or config.fusion, config.dense_weight, config.rrf_k, config.fusion_pool
         )
-    raise ValueError(f"mode must be 'dense', 'bm25' or 'hybrid', got {mode!r}")
+    else:
+        raise ValueError(f"mode must be 'dense', 'bm25' or 'hybrid', got {mode!r}")
+    if config.max_chunks_per_document > 0:
+        return DiverseRetriever(retriever, config.max_chunks_per_document)
+    return retriever
 
 
 def make_reranker(config: RAGConfig, embedder: Embedder, chunker: Chunker) -> Reranker:

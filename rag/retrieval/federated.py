@@ -58,6 +58,13 @@ class FederatedIndex:
             raise ValueError(f"k must be > 0, got {k}")
         return _top([hit for index in self.indexes if len(index) for hit in index.search(query, k)], k)
 
+    def best_scores(self, query: np.ndarray, keys: Sequence[str]) -> dict[str, float]:
+        """Exact inner product of ``query`` with each known key's best vector, over every index."""
+        scores: dict[str, float] = {}
+        for index in self.indexes:
+            scores.update(index.best_scores(query, [key for key in keys if key in index]))
+        return scores
+
     def vectors_of(self, key: str) -> np.ndarray:
         for index in self.indexes:
             if key in index:

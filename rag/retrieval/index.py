@@ -25,6 +25,10 @@ import numpy as np
 
 IndexKind = Literal["auto", "flat", "hnsw"]
 _DEAD_FRACTION_REBUILD = 0.2
+HNSW_M = 32
+# ef_search: chosen on the tuning questions, the smallest breadth meeting the scale run's ANN recall target
+EF_SEARCH = 256
+EF_CONSTRUCTION = 200
 
 
 class VectorIndex:
@@ -47,9 +51,9 @@ class VectorIndex:
         dim: int,
         kind: IndexKind = "auto",
         hnsw_threshold: int = 50_000,
-        hnsw_m: int = 32,
-        ef_search: int = 128,
-        ef_construction: int = 200,
+        hnsw_m: int = HNSW_M,
+        ef_search: int = EF_SEARCH,
+        ef_construction: int = EF_CONSTRUCTION,
     ) -> None:
         if dim <= 0:
             raise ValueError(f"dim must be > 0, got {dim}")
@@ -149,6 +153,29 @@ class VectorIndex:
                 if len(best) == k:
                     break
         return list(best.items())
+
+    def set_ef_search(self, ef_search: int) -> None:
+        """HNSW search breadth (higher: closer to exact, slower); kept for a flat index until it turns HNSW."""
+        if ef_search <= 0:
+            raise ValueError(f"ef_search must be > 0, got {ef_search}")
+        self.hnsw_params["ef_search"] = ef_search
+        if self.kind == "hnsw":
+            self._faiss.hnsw.efSearch = ef_search
+
+    def best_scores(self, query: np.ndarray, keys: Sequence[str]) -> dict[str, float]:
+        """Exact inner product of ``query`` with each known key's best vector, in one matrix product."""
+        rows: list[int] = []
+        owners: list[int] = []
+        for i, key in enumerate(keys):
+            own = self._rows.get(key, [])
+            rows.extend(own)
+            owners.extend([i] * len(own))
+        if not rows:
+            return {}
+        sims = self._vectors[rows] @ np.asarray(query, dtype=np.float32)  # [rows]
+        best = np.full(len(keys), -np.inf, dtype=np.float32)
+        np.maximum.at(best, owners, sims)
+        return {key: float(best[i]) for i, key in enumerate(keys) if key in self._rows}
 
     def vectors_of(self, key: str) -> np.ndarray:
         """The ``[n, dim]`` live vectors stored under ``key`` (n = 0 if unknown)."""

@@ -1,7 +1,7 @@
 """Second-stage reranking of first-stage hits.
 
 - ``Reranker``: the role (a ``typing.Protocol``): ``rerank(query, hits, top_k) -> list[ScoredChunk]``.
-- ``NoReranker``: keeps the first-stage order (the measured default; see ``rag.retrieval.evaluate``).
+- ``NoReranker``: keeps the first-stage order (the measured default; ``prefixrag eval-retrieval``).
 - ``EmbeddingReranker``: needs no extra model. It re-embeds each candidate as overlapping windows of
   ``window_tokens`` (a 256-token chunk is longer than MiniLM reads, and one sentence can drown in a
   long chunk), takes the best window's cosine, and fuses it with the first-stage score.
@@ -82,6 +82,10 @@ class EmbeddingReranker:
         self.weight = weight
         self.cache_size = cache_size
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # chunk id -> [windows, dim]
+
+    def clear_cache(self) -> None:
+        """Forget every chunk's window vectors (the next query embeds its candidates' windows again)."""
+        self._cache.clear()
 
     def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int) -> list[ScoredChunk]:
         check_top_k(top_k)

@@ -21,7 +21,6 @@ import numpy as np
 
 from rag.ingestion.documents import Chunk, ScoredChunk
 from rag.retrieval.bm25 import BM25Index
-from rag.retrieval.embedder import Embedder
 from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 
@@ -38,6 +37,12 @@ def check_top_k(top_k: int) -> int:
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
     return top_k
+
+
+class QueryEmbedder(Protocol):
+    """What dense retrieval needs from an embedder (``rag.retrieval.embedder.Embedder`` is one)."""
+
+    def embed_query(self, text: str) -> np.ndarray: ...
 
 
 def check_query(query: str, top_k: int) -> None:
@@ -61,7 +66,7 @@ class DenseRetriever:
     """
 
     def __init__(
-        self, embedder: Embedder, index: VectorIndex | FederatedIndex, chunks: Mapping[str, Chunk]
+        self, embedder: QueryEmbedder, index: VectorIndex | FederatedIndex, chunks: Mapping[str, Chunk]
     ) -> None:
         self.embedder, self.index, self.chunks = embedder, index, chunks
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # query -> [dim] vector
@@ -85,13 +90,7 @@ class DenseRetriever:
 
     def score(self, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:
         """Exact cosine of the query with each chunk (its best vector)."""
-        q = self.embed_query(query)
-        out = {}
-        for key in chunk_ids:
-            vectors = self.index.vectors_of(key)  # [n, dim]
-            if len(vectors):
-                out[key] = float((vectors @ q).max())
-        return out
+        return self.index.best_scores(self.embed_query(query), chunk_ids)
 
 
 class BM25Retriever:

@@ -8,6 +8,7 @@ def test_defaults_are_the_measured_ones():
     assert (cfg.chunk_size, cfg.chunk_overlap, cfg.top_k) == (256, 32, 4)
     assert (cfg.retrieval_mode, cfg.fusion, cfg.dense_weight) == ("hybrid", "weighted", 0.7)
     assert cfg.title_in_embedding and cfg.reranker == "none" and cfg.index_kind == "auto"
+    assert (cfg.long_chunks, cfg.max_chunks_per_document) == ("windows", 1)
 
 
 @pytest.mark.parametrize(

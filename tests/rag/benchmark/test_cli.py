@@ -23,6 +23,8 @@ DOCTESTED = [
     "cli",
     "config",
     "weights_report",
+    "retrieval_report",
+    "retrieval_scale",
 ]
 
 

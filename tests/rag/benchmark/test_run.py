@@ -55,6 +55,9 @@ TINY = BenchConfig.quick_run(
     chunks_needles=2,
     chunks_needle_distractors=1,
     chunks_needle_tokens=4,
+    retrieval_section=True,
+    retrieval_scale_chunks=500,
+    retrieval_timed_questions=3,
 )
 
 
@@ -87,6 +90,7 @@ def test_report_embeds_every_plot_and_states_the_figures(run):
         "## int8 weights",
         f"## {RADIX_TITLE}",
         "## KV tiers",
+        "## Retrieval section",
         "## Method",
     ):
         assert heading in report
@@ -174,6 +178,8 @@ def test_fit_targets_and_sections(run):
     assert "3000" in results["radix_section"]["results"]["lru"]
     assert results["baselines"]["llama_cpp"]["note"]
     assert set(results["ttft_samples"]) == set(results["measured"])
+    retrieval = results["retrieval_section"]
+    assert retrieval["methods"]["split"] == "heldout" and retrieval["scale"]["spec"]["chunks"] == 500
 
 
 def test_ratios_compare_the_same_requests(run):

@@ -38,3 +38,25 @@ def test_score_of_given_keys():
 def test_k_must_be_positive():
     with pytest.raises(ValueError, match="k must be > 0"):
         BM25Index().search("x", 0)
+
+
+def test_operators_are_tokens_but_table_rules_are_not():
+    assert tokenize("x << 2 and a ** b | c") == ["and", "<<", "**", "|"]
+    assert "+-----+" not in tokenize("+-----+") and tokenize("+-----+") == []
+    assert tokenize("x << 2", operators=False) == []
+
+
+def test_an_operator_question_finds_the_text_that_explains_it():
+    bm25 = BM25Index()
+    bm25.add(
+        ["unary", "binary", "bits"],
+        [
+            'The unary "~" (invert) operator yields the bitwise inversion of its integer argument.',
+            'The "+" (addition) operator yields the sum of its arguments.',
+            "Bitwise operations on integer arguments work on their binary digits.",
+        ],
+    )
+    assert bm25.search("what does the ~ operator compute for an integer?", 3)[0][0] == "unary"
+    words_only = BM25Index(operators=False)
+    words_only.add(["unary", "bits"], ["the ~ operator inverts", "the operator on integer bits"])
+    assert words_only.search("what does ~ do to an integer", 2)[0][0] == "bits"

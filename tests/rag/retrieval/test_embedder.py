@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import pytest
 
@@ -43,3 +45,43 @@ def test_a_query_is_embedded_once_and_read_only(embedder):
     assert np.array_equal(first, embedder.embed([question])[0])
     with pytest.raises(ValueError):
         first[0] = 1.0
+
+
+FILLER = " ".join(f"Step {i}: stir the soup slowly and add a pinch of salt." for i in range(40))
+LONG = f"{FILLER} Finally, remember that the capital of Australia is Canberra."
+
+
+def test_windows_cover_a_long_text_with_overlap_and_fit_the_model(embedder):
+    spans = embedder.window_spans(LONG)
+    assert len(spans) > 1 and spans[0][0] == 0 and spans[-1][1] == len(LONG)
+    tokenizer = embedder._model.tokenizer
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start < end  # consecutive windows overlap
+    for a, b in spans:
+        assert len(tokenizer(LONG[a:b], add_special_tokens=False)["input_ids"]) <= embedder.window_tokens
+    assert embedder.window_spans("short text") == [(0, len("short text"))]
+
+
+def test_windowed_vector_is_the_mean_of_its_windows_and_short_texts_are_unchanged(embedder):
+    pooled = embedder.embed([LONG, "a short sentence"])
+    windows, owners = embedder.embed_windows([LONG, "a short sentence"])
+    assert owners.tolist() == [0] * (len(owners) - 1) + [1]
+    mean = windows[owners == 0].mean(axis=0)
+    np.testing.assert_allclose(pooled[0], mean / np.linalg.norm(mean), atol=1e-5)
+    truncated = embedder.embed([LONG, "a short sentence"], long_texts="truncate")
+    np.testing.assert_allclose(pooled[1], truncated[1], atol=1e-5)
+    assert float(pooled[0] @ truncated[0]) < 0.999
+
+
+def test_a_fact_at_the_end_of_a_long_text_counts_only_when_windowed(embedder):
+    query = embedder.embed_query("What is the capital of Australia?")
+    windowed = embedder.embed([LONG])[0]
+    truncated = embedder.embed([LONG], long_texts="truncate")[0]
+    assert float(query @ windowed) > float(query @ truncated) + 0.05
+
+
+def test_bad_window_settings():
+    with pytest.raises(ValueError, match="long_texts"):
+        Embedder(long_texts="chop")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="window_overlap"):
+        Embedder(window_overlap=-1)

@@ -2,7 +2,8 @@
 
 Embedding the whole bundled corpus (~600 chunks) takes 35-120 s on this project's 2-core machines,
 so the comparison runs on the topics shorter than 10,000 characters (~215 chunks) and the questions
-that have a relevant topic among them; examples/eval_retrieval.py runs the full set.
+that have a relevant topic among them; `prefixrag eval-retrieval --questions
+rag/data/eval_questions.json --split all` runs the full set.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 import pytest
 
+from rag.retrieval.diversity import DiverseRetriever
 from rag.retrieval.retriever import (
     BM25Retriever,
     DenseRetriever,
@@ -36,9 +37,11 @@ def test_retrievers_satisfy_the_protocol_and_return_scored_chunks(small_kb, mode
 
 
 def test_concrete_types(small_kb):
-    assert isinstance(small_kb.retriever("dense"), DenseRetriever)
-    assert isinstance(small_kb.retriever("bm25"), BM25Retriever)
-    hybrid = small_kb.retriever("hybrid", fusion="rrf")
+    # the default config caps chunks per document: each retriever comes wrapped for diversity
+    assert isinstance(small_kb.retriever("dense"), DiverseRetriever)
+    assert isinstance(small_kb.retriever("dense").inner, DenseRetriever)
+    assert isinstance(small_kb.retriever("bm25").inner, BM25Retriever)
+    hybrid = small_kb.retriever("hybrid", fusion="rrf").inner
     assert isinstance(hybrid, HybridRetriever) and hybrid.fusion == "rrf"
     assert small_kb.search("cat", top_k=1, mode="hybrid")[0].doc_id == "cats.md"
 

@@ -2,7 +2,7 @@
 
 Left: mean KL to full prefill against the recompute budget, one line per selection strategy, the naive
 stitch (no recompute) as the floor line. Right: the same settings by measured TTFT speedup over
-caching off, with exact prefix mode (KL 0 by construction) as a vertical line and issue 14's target
+caching off, with exact prefix mode (KL 0 by construction) as a vertical line and the target
 region shaded.
 
 Example:
@@ -69,7 +69,7 @@ def chunk_frontier(results: dict[str, Any]) -> Figure:
     for ax in (left, right):
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    fig.suptitle(f"Chunk reuse beyond the prefix (issue 14), {s['fidelity_prompts']} stream prompts")
+    fig.suptitle(f"Chunk reuse beyond the prefix, {s['fidelity_prompts']} stream prompts")
     fig.tight_layout()
     return fig
 

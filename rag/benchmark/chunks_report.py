@@ -1,8 +1,8 @@
-"""The chunks section of the report: TTFT and reuse per mode, fidelity per setting, issue 14's targets.
+"""The chunks section of the report: TTFT and reuse per mode, fidelity per setting, its targets.
 
 Example:
     >>> print(chunks_markdown(results))          # doctest: +SKIP
-    ## Chunk reuse beyond the prefix (issue 14)
+    ## Chunk reuse beyond the prefix
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def chunks_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
 def chunks_markdown(res: dict[str, Any]) -> str:
     section = res.get("chunks_section")
     if not section:
-        return "## Chunk reuse beyond the prefix (issue 14)\n\nNot run (`--no-chunks-section`)."
+        return "## Chunk reuse beyond the prefix\n\nNot run (`--no-chunks-section`)."
     return "\n\n".join(
         [_intro(res, section), _ttft_table(section), _fidelity_table(section), _targets_table(section)]
     )
@@ -68,7 +68,7 @@ def _intro(res: dict[str, Any], s: dict[str, Any]) -> str:
     warm, info = s["warm"], s["needle_info"]
     return "\n".join(
         [
-            "## Chunk reuse beyond the prefix (issue 14)",
+            "## Chunk reuse beyond the prefix",
             "",
             f'`reuse="chunks"` on the first {s["requests"]} requests of the same seeded stream (same chunks), '
             "interleaved request by request with the order rotating: caching off (a spread sample), exact prefix "
@@ -130,7 +130,7 @@ def _fidelity_table(s: dict[str, Any]) -> str:
 
 def _targets_table(s: dict[str, Any]) -> str:
     rows = [
-        f"### Targets (issue 14) at the default operating point `{s['default']}`",
+        f"### Targets at the default operating point `{s['default']}`",
         "",
         "| target | value | met | note |",
         "|---|---|---|---|",

@@ -342,7 +342,7 @@ def zero_hit(loaded: LoadedModel, prompts: Sequence[Any], folder: Path, requests
     }
 
 
-# ---- targets (issue 15) --------------------------------------------------------------------------
+# ---- targets ------------------------------------------------------------------------------------
 
 
 def kv_targets(section: dict[str, Any]) -> list[dict[str, Any]]:

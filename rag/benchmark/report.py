@@ -455,10 +455,10 @@ def _radix_section(res: dict[str, Any]) -> str:
 def _kv_section(res: dict[str, Any]) -> str:
     kv = res.get("kv_section")
     if not kv:
-        return "## KV tiers section (issue 15)\n\nNot run (`--no-kv-section`)."
+        return "## KV tiers: storage formats and the disk tier\n\nNot run (`--no-kv-section`)."
     fid, bpt = kv["fidelity"], kv["bytes_per_token"]
     rows = [
-        "## KV tiers section (issue 15)",
+        "## KV tiers: storage formats and the disk tier",
         "",
         f"KV storage formats for {kv['model']}: bytes per token, and fidelity "
         f"against float32 KV over {fid['prompts']} RAG prompts of {kv['prompt_tokens']:,} tokens, "
@@ -532,7 +532,7 @@ def _kv_section(res: dict[str, Any]) -> str:
         "them: then a SIGKILL or a restart loses nothing the RAM tier held, and replicas see each other's "
         "blocks at once.",
         "",
-        "| target (issue 15) | value | met | note |",
+        "| target | value | met | note |",
         "|---|---|---|---|",
     ]
     for t in kv["targets"]:

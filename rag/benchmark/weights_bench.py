@@ -1,4 +1,4 @@
-"""int8 weights vs float32 vs llama.cpp, side by side on the same RAG prompts (issue 16).
+"""int8 weights vs float32 vs llama.cpp, side by side on the same RAG prompts .
 
 Three systems answer the same ~1,500-token prompts (a Python-reference context and one question each),
 with the same threads, interleaved round by round (the order rotates, so the machine's load falls on

@@ -1,8 +1,8 @@
-"""The report's weights section: int8 vs float32 vs llama.cpp, int8's fidelity, issue 16's targets.
+"""The report's weights section: int8 vs float32 vs llama.cpp, int8's fidelity, its targets.
 
 Example:
     >>> print(weights_markdown({}))
-    ## int8 weights vs float32 vs llama.cpp (issue 16)
+    ## int8 weights vs float32 vs llama.cpp
     <BLANKLINE>
     Not run (`weights_section` off).
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-TITLE = "## int8 weights vs float32 vs llama.cpp (issue 16)"
+TITLE = "## int8 weights vs float32 vs llama.cpp"
 ORDER = ("float32", "int8", "llama.cpp")
-BATCH_BASELINE_TOK_S = 42.8  # float32 batched decode at 8 requests when issue 16 was filed
+BATCH_BASELINE_TOK_S = 42.8  # float32 batched decode at 8 requests before int8 weights
 
 
 def weights_markdown(res: dict[str, Any]) -> str:
@@ -126,7 +126,7 @@ def _targets(sec: dict[str, Any]) -> list[str]:
     s = sec["systems"]
     f32, i8, llama = s["float32"], s["int8"], s.get("llama.cpp")
     fid = sec["fidelity"]
-    rows = ["| issue 16 target | measured | met |", "|---|---|---|"]
+    rows = ["| target | measured | met |", "|---|---|---|"]
 
     def add(target: str, value: str, met: bool | None) -> None:
         rows.append(f"| {target} | {value} | {'' if met is None else 'yes' if met else '**no**'} |")

@@ -84,8 +84,9 @@ def test_weights_option_is_documented():
         assert result.exit_code == 0 and "--weights" in result.output and "int8" in result.output
 
 
-def test_ingest_warm_prefills_every_chunk(user, home, tmp_path):
+def test_ingest_warm_prefills_every_chunk(user, home, tmp_path, monkeypatch):
     """`ingest --warm` prefills every chunk's placement for serve, into the disk tier it reads."""
+    monkeypatch.setenv("PREFIXRAG_ENGINE__DISK_CACHE_BYTES", str(64 << 20))  # as serve has it by default
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "zorblax.md").write_text(

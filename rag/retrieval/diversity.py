@@ -66,12 +66,13 @@ def _within_cap(
     hits: Sequence[ScoredChunk], per_document: int, top_k: int
 ) -> tuple[list[ScoredChunk], list[ScoredChunk]]:
     """(up to ``top_k`` hits within the per-document cap, in order; every other hit, in order)."""
-    taken: Counter[str] = Counter()
+    taken: Counter[tuple[str, str]] = Counter()  # per document of a collection
     kept: list[ScoredChunk] = []
     skipped: list[ScoredChunk] = []
     for hit in hits:
-        if taken[hit.doc_id] < per_document and len(kept) < top_k:
-            taken[hit.doc_id] += 1
+        document = (hit.collection, hit.doc_id)
+        if taken[document] < per_document and len(kept) < top_k:
+            taken[document] += 1
             kept.append(hit)
         else:
             skipped.append(hit)

@@ -108,19 +108,6 @@ def test_ask_uses_sources_and_the_cache(http):
     )
 
 
-def test_ask_with_max_tokens_answers_as_pipeline_ask_does(http, pipeline):
-    """Given max_tokens, /v1/ask keeps the pipeline's other sampling settings (its repetition penalty
-    among them): the API and Pipeline.ask give the same answer to the same question."""
-    question = "Who leads the Zorblax team and when do they meet?"
-    over_http = _ask(http, question, max_tokens=40)
-    params = pipeline.config.sampling_params(max_tokens=40)
-    direct = pipeline.ask(question, params=params, namespace=ANONYMOUS)  # the API's tenant: same prompt
-    assert direct.usage.prompt_tokens == over_http["usage"]["prompt_tokens"]
-    assert over_http["text"] == direct.text
-    without_penalty = replace(params, repetition_penalty=1.0)  # what the API used to generate with
-    assert pipeline.ask(question, params=without_penalty, namespace=ANONYMOUS).text != direct.text
-
-
 def test_warm_then_ask_in_chunks_mode(http):
     assert_error(http.get("/v1/cache/warm/chunks"), 404, code="no_warm_job")
     started = http.post("/v1/cache/warm/chunks")
@@ -144,6 +131,19 @@ def test_warm_then_ask_in_chunks_mode(http):
     assert http.get("/v1/cache").json()["engine"]["stitched_tokens"] >= usage["stitched_tokens"]
     assert http.delete("/v1/cache/warm/chunks").json()["state"] == "done"
     assert_error(http.post("/v1/ask", json={"question": "Who?", "reuse": "sideways"}), 422)
+
+
+def test_ask_with_max_tokens_answers_as_pipeline_ask_does(http, pipeline):
+    """Given max_tokens, /v1/ask keeps the pipeline's other sampling settings (its repetition penalty
+    among them): the API and Pipeline.ask give the same answer to the same question."""
+    question = "Who leads the Zorblax team and when do they meet?"
+    over_http = _ask(http, question, max_tokens=40)
+    params = pipeline.config.sampling_params(max_tokens=40)
+    direct = pipeline.ask(question, params=params, namespace=ANONYMOUS)  # the API's tenant: same prompt
+    assert direct.usage.prompt_tokens == over_http["usage"]["prompt_tokens"]
+    assert over_http["text"] == direct.text
+    without_penalty = replace(params, repetition_penalty=1.0)  # what the API used to generate with
+    assert pipeline.ask(question, params=without_penalty, namespace=ANONYMOUS).text != direct.text
 
 
 def test_ask_stream_event_order(http):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ from rag.ingestion.documents import DEFAULT_COLLECTION, Document
 from rag.ingestion.index_format import FORMAT_VERSION, read_config
 from rag.ingestion.persist import current_version, save_version
 from rag.ingestion.store import KnowledgeBase
+from rag.retrieval.diversity import DiverseRetriever
 from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.retriever import DenseRetriever, HybridRetriever
 from tests.rag.corpus import SMALL_CORPUS
@@ -80,13 +82,13 @@ def test_a_collection_searches_exactly_as_its_documents_indexed_alone(two_tenant
 def test_a_search_reads_only_the_indexes_of_the_collections_named(two_tenants):
     a, b = two_tenants.collection("a"), two_tenants.collection("b")
     assert a is not None and b is not None
-    one = two_tenants.retriever("hybrid", collections=["a"])
+    one = _undiversified(two_tenants.retriever("hybrid", collections=["a"]))
     assert isinstance(one, HybridRetriever)
     assert one.dense.index is a.index and one.lexical.bm25 is a.bm25 and one.dense.chunks is a.chunks
-    both = two_tenants.retriever("dense", collections=["a", "b"])
+    both = _undiversified(two_tenants.retriever("dense", collections=["a", "b"]))
     assert isinstance(both, DenseRetriever) and isinstance(both.index, FederatedIndex)
     assert both.index.indexes == [a.index, b.index]
-    lexical = two_tenants.retriever("hybrid", collections=["b", "missing"]).lexical  # type: ignore[attr-defined]
+    lexical = _undiversified(two_tenants.retriever("hybrid", collections=["b", "missing"])).lexical  # type: ignore[attr-defined]
     assert isinstance(lexical.bm25, FederatedBM25) is False and lexical.bm25 is b.bm25
     for mode in ("dense", "bm25", "hybrid"):
         hits = two_tenants.search("Bob cats Zed Yan deque climbed", 10, mode, collections=["a"])  # type: ignore[arg-type]
@@ -94,6 +96,11 @@ def test_a_search_reads_only_the_indexes_of_the_collections_named(two_tenants):
         assert not {h.chunk_id for h in hits} & set(b.chunks)
     assert two_tenants.search("cats", 3, collections=[]) == []
     assert two_tenants.search("cats", 3, collections=["nobody-here"]) == []
+
+
+def _undiversified(retriever: Any) -> Any:
+    """The first-stage retriever under the per-document diversity wrapper."""
+    return retriever.inner if isinstance(retriever, DiverseRetriever) else retriever
 
 
 def test_dense_search_over_several_collections_is_exact(two_tenants, embedder, llm_tokenizer):

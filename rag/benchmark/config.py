@@ -71,7 +71,7 @@ class BenchConfig(BaseModel):
     )
     kv_section: bool = Field(default=True, description="KV storage formats and the disk tier")
     kv_repeats: int = Field(
-        default=3, ge=1, description="rounds of cold / RAM-warm / disk-after-restart TTFT"
+        default=2, ge=1, description="rounds of cold / RAM-warm / disk-after-restart TTFT"
     )
     kv_disk_dtypes: tuple[str, ...] = ("float32", "bfloat16", "int8")
     kv_fidelity_prompts: int = Field(default=6, ge=1, le=11)
@@ -81,7 +81,7 @@ class BenchConfig(BaseModel):
     weights_section: bool = Field(
         default=True, description="int8 vs float32 weights vs llama.cpp, side by side, and int8's fidelity"
     )
-    weights_repeats: int = Field(default=5, ge=1, description="interleaved rounds of the weights section")
+    weights_repeats: int = Field(default=3, ge=1, description="interleaved rounds of the weights section")
     weights_answer_tokens: int = Field(default=64, ge=2, description="tokens of the timed whole answer")
     fidelity_prompts: int = Field(default=11, ge=1, description="prompts int8 is compared with float32 on")
     fidelity_answer_tokens: int = Field(default=32, ge=1, description="greedy tokens compared per prompt")
@@ -107,16 +107,16 @@ class BenchConfig(BaseModel):
     quick: bool = False
     # chunks section (reuse="chunks": TTFT, reuse and fidelity to full prefill)
     chunks_section: bool = True
-    chunks_requests: int = Field(default=48, ge=2, description="TTFT: the first n requests of the stream")
+    chunks_requests: int = Field(default=24, ge=2, description="TTFT: the first n requests of the stream")
     chunks_budgets: tuple[float, ...] = Field(
         default=(0.1, 0.2, 0.3), description="recompute shares, each run with 'first' and 'deviation'"
     )
     chunks_fidelity_prompts: int = Field(
-        default=12, ge=1, description="stream prompts compared to full prefill"
+        default=8, ge=1, description="stream prompts compared to full prefill"
     )
     chunks_answer_tokens: int = Field(default=64, ge=1, description="greedy answer length compared")
     chunks_kl_positions: int = Field(default=16, ge=1, description="answer positions scored (teacher-forced)")
-    chunks_needles: int = Field(default=16, ge=1)
+    chunks_needles: int = Field(default=12, ge=1)
     chunks_needle_distractors: int = Field(default=3, ge=1, description="corpus chunks beside each needle")
     chunks_needle_tokens: int = Field(default=24, ge=1, description="answer length of a needle question")
 

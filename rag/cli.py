@@ -18,8 +18,9 @@ console = Console()
 
 INDEX_HELP = "index directory (default: $PREFIXRAG_HOME/indexes/default)"
 COLLECTION_HELP = "the collection to add to (default: 'default'); e.g. 'shared', which every tenant reads"
-# what `serve` and `demo` run when neither --weights nor PREFIXRAG_ENGINE__WEIGHTS says (the library's
-# own default, EngineConfig.weights, stays float32)
+# what `serve` and `demo` run when neither --weights nor PREFIXRAG_ENGINE__WEIGHTS says: float32, because
+# int8's greedy answers drift from float32's on most prompts (the benchmark's weights section), and an
+# answer that changes with a speed flag is opt-in
 APP_WEIGHTS = "float32"
 WEIGHTS_HELP = "Linear weights: float32, or int8 (quantized once, cached; approximate, fused runner only)"
 

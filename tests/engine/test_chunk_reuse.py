@@ -311,3 +311,30 @@ def test_score_feeds_the_continuation_and_returns_each_next_token_distribution(e
     close(scored.scores[0], torch.log_softmax(full, -1))
     with pytest.raises(ValueError, match="continuation is empty"):
         engine_nocache.score(ids, [])
+
+
+def test_chunk_placements_come_back_from_the_disk_tier_after_a_restart(loaded_model, tmp_path):
+    """A placement computed before a restart is read from the disk tier (not prefilled again), promoted
+    into RAM, and the stitched answer is the one the first engine gave."""
+    config = EngineConfig(
+        model=loaded_model.model_id, reuse="chunks", chunk_recompute="first", disk_cache_dir=tmp_path
+    )
+    first_ids, first_spans = rag_prompt(loaded_model.tokenizer, "abc")
+    ids, spans = rag_prompt(loaded_model.tokenizer, "cab", "Who leads the team?")
+    answers = []
+    for run in ("before", "after"):
+        eng = Engine(
+            loaded_model.model, loaded_model.tokenizer, model_id=loaded_model.model_id, config=config
+        )
+        try:
+            if run == "before":  # computes the placements of b and c, and a's as the first chunk
+                eng.generate(first_ids, GREEDY, namespace="t", chunk_spans=first_spans)
+            answer = eng.generate(ids, GREEDY, namespace="t", chunk_spans=spans)
+            assert eng.disk is not None and eng.disk.flush(60)
+        finally:
+            eng.close()
+        answers.append(answer)
+    before, after = answers
+    assert after.stitched_tokens == before.stitched_tokens > 0
+    assert after.chunk_prefill_tokens == 0  # every reused chunk's placement came from disk
+    assert after.text == before.text

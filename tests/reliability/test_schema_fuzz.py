@@ -32,7 +32,7 @@ from rag.api import Settings
 from tests.reliability.corpus import DOCUMENTS
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-EXAMPLES = {GenerationMode.POSITIVE: 8, GenerationMode.NEGATIVE: 5}
+EXAMPLES = {GenerationMode.POSITIVE: 6, GenerationMode.NEGATIVE: 4}
 
 
 @pytest.fixture(scope="module")

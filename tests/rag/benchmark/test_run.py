@@ -35,6 +35,7 @@ TINY = BenchConfig.quick_run(
     engine_decode_tokens=3,
     engine_context_tokens=160,
     engine_batch_sizes=(1, 2),
+    engine_bfloat16=True,
     radix_requests=40,
     radix_levels=(3000,),
     steady_factor=3,

@@ -338,3 +338,29 @@ def test_chunk_placements_come_back_from_the_disk_tier_after_a_restart(loaded_mo
     assert after.stitched_tokens == before.stitched_tokens > 0
     assert after.chunk_prefill_tokens == 0  # every reused chunk's placement came from disk
     assert after.text == before.text
+
+
+def test_stitched_kv_is_in_the_storage_format(loaded_model):
+    """With a compact kv_dtype, every K/V a stitched prefill leaves (re-rotated keys, recomputed tokens,
+    the question) is already in that format: attention read what the cache would store."""
+    from engine.fused import FusedLlamaRunner
+    from engine.kv_codec import make_codec
+
+    codec = make_codec("int8", torch.float32)
+    runner = FusedLlamaRunner(loaded_model.model, kv_codec=codec)
+    ids, spans = rag_prompt(loaded_model.tokenizer, "abc")
+    cache = RadixCache(1 << 30)
+    stitcher = ChunkStitcher(cache, runner, BufferPool(0))
+    for _ in range(2):  # the first pass prefills the placements, the second stitches them
+        plan = plan_stitch(len(ids), spans, cached=0)
+        assert plan is not None
+        buffer = runner.new_buffer(len(ids))
+        runner.prefill(ids[: plan.exact_end], buffer)
+        out = stitcher.stitch(buffer, ids, spans, plan, ChunkReuse("first", 0.2), "")
+        for key, kv in out.kv.placements:
+            cache.insert(key, kv)
+        stitcher.recycle(out)
+    assert out.stitched_tokens > 0 and out.recomputed_tokens > 0
+    for store in buffer.stores():
+        held = store[:, :, :, : len(ids)]
+        assert torch.equal(codec.round(held), held)

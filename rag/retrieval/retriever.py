@@ -13,7 +13,6 @@ Example:
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
@@ -69,18 +68,11 @@ class DenseRetriever:
         self, embedder: QueryEmbedder, index: VectorIndex | FederatedIndex, chunks: Mapping[str, Chunk]
     ) -> None:
         self.embedder, self.index, self.chunks = embedder, index, chunks
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # query -> [dim] vector
 
     def embed_query(self, query: str) -> np.ndarray:
-        """The query's unit vector (the last 64 are cached: hybrid retrieval asks twice)."""
-        if query in self._cache:
-            self._cache.move_to_end(query)
-            return self._cache[query]
-        vector = self.embedder.embed_query(query)
-        self._cache[query] = vector
-        if len(self._cache) > 64:
-            self._cache.popitem(last=False)
-        return vector
+        """The query's unit vector (the embedder keeps recent ones: hybrid retrieval and the sources'
+        scores ask for the same question)."""
+        return self.embedder.embed_query(query)
 
     def retrieve(self, query: str, top_k: int) -> list[ScoredChunk]:
         check_query(query, top_k)

@@ -134,8 +134,8 @@ def test_top_k_defaults_to_the_config_and_is_checked_on_an_empty_index_too(pipel
 def test_a_source_scores_its_similarity_to_the_question_however_many_candidates(
     engine, embedder, llm_tokenizer
 ):
-    """Alone in the index, the best match used to score 0.0 (min-max over one candidate); the score
-    is the question-chunk cosine similarity, the same with one candidate or many."""
+    """A source's score is the question-chunk cosine similarity, the same with one candidate or many
+    (a normalisation over the candidates would give a lone best match the lowest score)."""
     question = "What is the secret code of the Zorblax project?"
 
     def source_score(docs: list[Document]) -> float:

@@ -7,9 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.kv_codec import KVDType
-from engine.models import DEFAULT_MODEL
-from engine.reuse import (
+from engine.chunks.reuse import (
     DEFAULT_DEVIATION_LAYER,
     DEFAULT_SHARE,
     DEFAULT_STRATEGY,
@@ -17,6 +15,8 @@ from engine.reuse import (
     RecomputeStrategy,
     ReuseMode,
 )
+from engine.kv.codec import KVDType
+from engine.models import DEFAULT_MODEL
 from prefix_cache import CacheConfig
 from prefix_cache.eviction import DEFAULT_ATTENTION_WINDOW
 

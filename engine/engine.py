@@ -3,7 +3,7 @@
 A request's life, top to bottom:
   submit ─► Scheduler (longest cached prefix first, with aging)
          ─► _start:   match (capped at len-1) ─► lock ─► load cached KV ─► prefill the suffix
-                      (chunks mode: the exact part, then the stitched chunks, engine.stitcher)
+                      (chunks mode: the exact part, then the stitched chunks, engine.chunks.stitcher)
                       ─► first token (TTFT) ─► insert the prompt's exact KV
          ─► _advance: one decode step per running request per engine step (batched when the runner can)
          ─► _finish:  insert prompt+completion KV (the next turn hits) ─► unlock ─► final event
@@ -20,16 +20,18 @@ from typing import Any, Literal
 
 import torch
 
-from engine.block_pool import KVBlockPool
-from engine.buffer_pool import BufferPool
-from engine.chunk_sources import RequestCancelled
+from engine.chunks.plan import check_spans, plan_stitch
+from engine.chunks.reuse import ChunkReuse, chunks_unsupported_reason, resolve_reuse
+from engine.chunks.sources import RequestCancelled
+from engine.chunks.stitcher import ChunkStitcher, Stitched
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
-from engine.disk_tier import open_disk_tier
 from engine.encoding import PromptInput, encode_prompt
 from engine.fused import FusedLlamaRunner, drop_float_linears, fused_unsupported_reason
-from engine.kv import BLOCK_TOKENS, KVBuffer
-from engine.kv_codec import KVCodec, KVGeometry, compute_dtype, make_codec
+from engine.kv.block_pool import KVBlockPool
+from engine.kv.buffer_pool import BufferPool
+from engine.kv.codec import KVCodec, KVGeometry, compute_dtype, make_codec
+from engine.kv.state import BLOCK_TOKENS, KVBuffer
 from engine.memory import trim_heap
 from engine.models import DEFAULT_MODEL, load_model
 from engine.request import (
@@ -41,12 +43,10 @@ from engine.request import (
     StreamEvent,
     final_result,
 )
-from engine.reuse import ChunkReuse, chunks_unsupported_reason, resolve_reuse
 from engine.runner import ModelRunner, prefix_reuse_blocker
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler
-from engine.stitch_plan import check_spans, plan_stitch
-from engine.stitcher import ChunkStitcher, Stitched
+from engine.tiers.disk import open_disk_tier
 from engine.warm import WarmResult, warm_prompts
 from prefix_cache import RadixCache
 

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import WeightsFormat
-from engine.kv import KVBuffer
-from engine.kv_codec import KVCodec
+from engine.kv.codec import KVCodec
+from engine.kv.state import KVBuffer
 from engine.prefill_shapes import (
     aligned_keys,
     calibrate_query_rows,
@@ -34,8 +34,8 @@ from engine.prefill_shapes import (
     prefill_rows,
     query_rows,
 )
-from engine.quant import Int8Weight, int8_linear, rescore_top
-from engine.quant_model import int8_model
+from engine.quant.linear import Int8Weight, int8_linear, rescore_top
+from engine.quant.model import int8_model
 from engine.runner import prefix_reuse_blocker
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.kv_codec import KVGeometry
+from engine.kv.codec import KVGeometry
 from engine.paths import prefixrag_home
 
 log = logging.getLogger(__name__)

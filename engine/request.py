@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 import torch
 
+from engine.chunks.reuse import ChunkReuse
 from engine.detokenizer import Detokenizer
-from engine.kv import KVBuffer
-from engine.reuse import ChunkReuse
+from engine.kv.state import KVBuffer
 from engine.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
@@ -124,7 +124,7 @@ class Request:
     prefill_s: float = 0.0
     max_new_tokens: int = 0
     phases: dict[str, float] = field(default_factory=dict)
-    # chunks mode (engine.reuse): the request's settings and spans, what the stitch reused
+    # chunks mode (engine.chunks.reuse): the request's settings and spans, what the stitch reused
     chunk_reuse: ChunkReuse | None = None
     chunk_spans: list[tuple[int, int]] = field(default_factory=list)
     exact_end: int | None = None  # only the prompt's first exact_end tokens may be cached

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from engine.kv import KVBuffer
-from engine.kv_codec import KVCodec
+from engine.kv.codec import KVCodec
+from engine.kv.state import KVBuffer
 from engine.prefill_shapes import KEY_BLOCK, query_rows
 
 log = logging.getLogger(__name__)

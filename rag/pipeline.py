@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from engine.chunks.reuse import REUSE_MODES
 from engine.request import GenerationResult, StreamEvent
-from engine.reuse import REUSE_MODES
 from engine.sampling import SamplingParams
 from rag.config import RAGConfig
 from rag.ingestion.documents import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection

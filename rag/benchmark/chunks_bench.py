@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.chunks.reuse import ChunkReuse
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.models import LoadedModel
-from engine.reuse import ChunkReuse
 from rag.benchmark.config import BenchConfig
 from rag.benchmark.fidelity import FidelityPrompt, SettingFidelity, compare
 from rag.benchmark.measure import TTFT_PARAMS, rotated, sample_indices, warm_up_engine

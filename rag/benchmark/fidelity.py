@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
+from engine.chunks.reuse import ChunkReuse
 from engine.engine import Engine
 from engine.request import GenerationResult, final_result
-from engine.reuse import ChunkReuse
 from engine.sampling import SamplingParams
 
 

@@ -31,7 +31,7 @@ import torch
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.kv import BLOCK_TOKENS
-from engine.kv_codec import KV_DTYPES, KVGeometry, make_codec
+from engine.kv.codec import KV_DTYPES, KVGeometry, make_codec
 from engine.models import DEFAULT_MODEL, LoadedModel, load_model
 from engine.paths import prefixrag_home
 from engine.sampling import SamplingParams

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.kv_blockfile import TEMP_PREFIX
+from engine.tiers.blockfile import TEMP_PREFIX
 from rag.api import Settings
 from tests.api.conftest import make_engine
 from tests.api.helpers import metric_value, wait_until
@@ -276,7 +276,7 @@ def test_a_full_disk_is_a_log_line_never_an_error(serve, loaded_model, small_tmp
         with (
             serve(Settings(), engine=eng) as srv,
             httpx.Client(base_url=srv.url, timeout=120) as http,
-            caplog.at_level(logging.WARNING, logger="engine.disk_tier"),
+            caplog.at_level(logging.WARNING, logger="engine.tiers.disk"),
         ):
             for n in range(2):
                 prompt = _prompt(400 + n)

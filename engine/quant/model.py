@@ -1,9 +1,9 @@
 """The int8 copy of a Llama-family model: smoothed, quantized, cached once per model directory.
 
-For each layer: q/k/v (fused), o, gate/up (fused) and down as per-channel int8 (engine.quant), with
-SmoothQuant's channel scales (engine.quant_smooth) folded into the two RMSNorm weights and the up
+For each layer: q/k/v (fused), o, gate/up (fused) and down as per-channel int8 (engine.quant.linear), with
+SmoothQuant's channel scales (engine.quant.smooth) folded into the two RMSNorm weights and the up
 projection's rows; the lm_head as int8 too, its smoothing folded into the final RMSNorm weight. The first load converts and writes the result under
-``$PREFIXRAG_HOME/quantized`` (engine.quant_store) with a progress line; later loads read it back.
+``$PREFIXRAG_HOME/quantized`` (engine.quant.store) with a progress line; later loads read it back.
 The model's own weights are only read, never changed.
 
 Example:
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from engine.quant import Int8Weight, pack_int8, quantize_rows
-from engine.quant_smooth import (
+from engine.quant.linear import Int8Weight, pack_int8, quantize_rows
+from engine.quant.smooth import (
     ALPHA,
     CALIBRATION_TOKENS,
     CALIBRATION_TOPICS,
@@ -29,7 +29,7 @@ from engine.quant_smooth import (
     calibration_ids,
     smoothing,
 )
-from engine.quant_store import Spec, cache_path_for, load_or_build
+from engine.quant.store import Spec, cache_path_for, load_or_build
 
 RECIPE = f"int8-v3 smoothquant alpha={ALPHA} calibration={','.join(CALIBRATION_TOPICS)}:{CALIBRATION_TOKENS}"
 MATRICES = ("qkv", "o", "gate_up", "down")

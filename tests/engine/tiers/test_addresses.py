@@ -3,7 +3,7 @@
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine.kv_chain import block_hashes, chain_root, model_fingerprint
+from engine.tiers.addresses import block_hashes, chain_root, model_fingerprint
 
 
 def _tiny(seed: int = 0):

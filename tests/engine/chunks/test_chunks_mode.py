@@ -11,12 +11,12 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.buffer_pool import BufferPool
+from engine.chunks.plan import plan_stitch
+from engine.chunks.reuse import ChunkReuse
+from engine.chunks.stitch import rotate_keys, rotation
+from engine.chunks.stitcher import ChunkStitcher
+from engine.kv.buffer_pool import BufferPool
 from engine.request import final_result
-from engine.reuse import ChunkReuse
-from engine.stitch import rotate_keys, rotation
-from engine.stitch_plan import plan_stitch
-from engine.stitcher import ChunkStitcher
 from prefix_cache import RadixCache
 
 GREEDY = SamplingParams(max_tokens=8)
@@ -344,7 +344,7 @@ def test_stitched_kv_is_in_the_storage_format(loaded_model):
     """With a compact kv_dtype, every K/V a stitched prefill leaves (re-rotated keys, recomputed tokens,
     the question) is already in that format: attention read what the cache would store."""
     from engine.fused import FusedLlamaRunner
-    from engine.kv_codec import make_codec
+    from engine.kv.codec import make_codec
 
     codec = make_codec("int8", torch.float32)
     runner = FusedLlamaRunner(loaded_model.model, kv_codec=codec)

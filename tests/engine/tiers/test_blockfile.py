@@ -7,7 +7,7 @@ import zlib
 import pytest
 import torch
 
-from engine.kv_blockfile import (
+from engine.tiers.blockfile import (
     MAGIC,
     BlockFileError,
     BlockMeta,

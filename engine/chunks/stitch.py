@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.chunks.plan import ReusedRun, StitchPlan
+from engine.chunks.reuse import ChunkReuse
 from engine.fused import FusedLlamaRunner
-from engine.kv import KVBuffer, KVSegment
-from engine.reuse import ChunkReuse
-from engine.stitch_plan import ReusedRun, StitchPlan
+from engine.kv.state import KVBuffer, KVSegment
 
 
 def rotation(runner: FusedLlamaRunner, delta: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,7 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.kv import BLOCK_TOKENS
-from engine.kv_blockfile import read_block_file
+from engine.tiers.blockfile import read_block_file
 from tests.api.helpers import wait_until
 
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -149,7 +149,7 @@ def test_a_damaged_or_foreign_block_is_a_miss_logged_and_deleted(
         keys = _chain_keys(eng, prompt)
         victim = eng.disk.folder.path(keys[1])  # the middle block: block 0 still loads
         _damage(victim, how, foreign=_files(theirs)[0])
-        with caplog.at_level(logging.WARNING, logger="engine.disk_tier"):
+        with caplog.at_level(logging.WARNING, logger="engine.tiers.disk"):
             r = eng.generate(prompt, GREEDY)
         assert r.cached_tokens == BLOCK_TOKENS  # block 0 only; nothing after the bad block is used
         assert r.token_ids == reference.generate(prompt, GREEDY).token_ids
@@ -164,7 +164,7 @@ def test_a_damaged_or_foreign_block_is_a_miss_logged_and_deleted(
 
 
 def _chain_keys(eng: Engine, prompt: list[int]) -> list[str]:
-    from engine.kv_chain import block_hashes
+    from engine.tiers.addresses import block_hashes
 
     assert eng.disk is not None
     return block_hashes(eng.disk._root(eng._namespace("")), prompt)
@@ -230,7 +230,7 @@ def test_the_budget_holds_and_keeps_prefix_heads(loaded_model, reference, prompt
 def test_a_full_disk_is_a_skipped_write_not_an_error(loaded_model, reference, prompt, small_tmpfs, caplog):
     eng = _engine(loaded_model, small_tmpfs)  # 64 KiB: no float32 block (2.9 MB) fits
     try:
-        with caplog.at_level(logging.WARNING, logger="engine.disk_tier"):
+        with caplog.at_level(logging.WARNING, logger="engine.tiers.disk"):
             r = eng.generate(prompt, GREEDY)
             assert eng.disk.flush(60)
         assert r.token_ids == reference.generate(prompt, GREEDY).token_ids
@@ -299,7 +299,7 @@ def test_warm_writes_through_to_disk(loaded_model, prompt, tmp_path):
 def test_an_unusable_folder_turns_the_tier_off(loaded_model, tmp_path, caplog):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    with caplog.at_level(logging.WARNING, logger="engine.disk_tier"):
+    with caplog.at_level(logging.WARNING, logger="engine.tiers.disk"):
         eng = _engine(loaded_model, blocker / "kv")
     try:
         assert eng.disk is None and eng.stats()["disk"] is None

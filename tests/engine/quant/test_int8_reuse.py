@@ -2,7 +2,7 @@
 logits, bit for bit, as the same prompt computed from scratch, wherever the prefix ends (on and off
 the 64-token cache block boundary and the prefill chunk boundary) and however long the suffix is.
 
-int8's matmul is row-independent by construction (engine.quant); attention's rounding also depends on
+int8's matmul is row-independent by construction (engine.quant.linear); attention's rounding also depends on
 a call's query and key counts, which engine.prefill_shapes pins down.
 """
 

@@ -1,6 +1,6 @@
 """ChunkStitcher: a ``chunks``-mode prefill, from the plan to the first token's logits.
 
-  plan (engine.stitch_plan) ─► the engine prefills the exact part ``[0, exact_end)`` as in prefix mode
+  plan (engine.chunks.plan) ─► the engine prefills the exact part ``[0, exact_end)`` as in prefix mode
   ─► ChunkSources.fetch: each reused chunk's canonical KV (cache, or prefilled at its placement now)
   ─► place_run: copied into the request's buffer, keys re-rotated to the chunk's position
   ─► StitchedPrefill.run: gaps, question and the selected chunk tokens computed over the stitched KV
@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
-from engine.buffer_pool import BufferPool
-from engine.chunk_sources import ChunkKV, ChunkSources
+from engine.chunks.plan import Span, StitchPlan
+from engine.chunks.reuse import ChunkReuse
+from engine.chunks.sources import ChunkKV, ChunkSources
+from engine.chunks.stitch import StitchedPrefill, place_run
 from engine.fused import FusedLlamaRunner
-from engine.kv import KVBuffer
-from engine.reuse import ChunkReuse
-from engine.stitch import StitchedPrefill, place_run
-from engine.stitch_plan import Span, StitchPlan
+from engine.kv.buffer_pool import BufferPool
+from engine.kv.state import KVBuffer
 from prefix_cache import RadixCache
 
 

@@ -1,12 +1,12 @@
-"""engine.quant_store: converted tensors are built once, read back, and rebuilt when damaged."""
+"""engine.quant.store: converted tensors are built once, read back, and rebuilt when damaged."""
 
 import os
 
 import pytest
 import torch
 
-from engine.quant import int8_linear, pack_int8, quantize_rows
-from engine.quant_store import cache_path_for, load_or_build
+from engine.quant.linear import int8_linear, pack_int8, quantize_rows
+from engine.quant.store import cache_path_for, load_or_build
 
 RECIPE = "test-recipe"
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
-from engine.kv_blockfile import TEMP_PREFIX
+from engine.tiers.blockfile import TEMP_PREFIX
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from engine.kv import KVBuffer, KVSegment
-from engine.kv_codec import make_codec
+from engine.kv.codec import make_codec
 
 
 def _seg(n: int, layers: int = 3, heads: int = 2, dim: int = 4, offset: float = 0.0) -> KVSegment:
@@ -111,7 +111,7 @@ def test_radix_cache_split_keeps_values_exact():
     assert cache.used_bytes == seg.nbytes
 
 
-# ---- stored formats (engine.kv_codec) -----------------------------------------------------------
+# ---- stored formats (engine.kv.codec) -----------------------------------------------------------
 
 
 def _raw(n: int, layers: int = 3, heads: int = 2, dim: int = 64) -> KVSegment:
@@ -171,7 +171,7 @@ def test_buffer_rounds_what_the_model_writes():
 
 
 def test_pooled_int8_blocks():
-    from engine.block_pool import KVBlockPool
+    from engine.kv.block_pool import KVBlockPool
 
     pool = KVBlockPool(block_tokens=64, slab_bytes=1 << 20)
     raw = _raw(130)

@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.buffer_pool import BufferPool
+from engine.chunks.plan import Span, StitchPlan
 from engine.fused import FusedLlamaRunner
-from engine.kv import KVBuffer, KVSegment
-from engine.stitch_plan import Span, StitchPlan
+from engine.kv.buffer_pool import BufferPool
+from engine.kv.state import KVBuffer, KVSegment
 from prefix_cache import RadixCache
 
 

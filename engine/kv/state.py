@@ -7,7 +7,7 @@ No ``torch.cat`` per layer and no regrowth per decode step (transformers' Dynami
 whole history on every step, which costs O(context) per token).
 
 The buffer holds KV in the compute dtype (``raw``); the cache's blocks hold it in the engine's storage
-format (``stored``, engine.kv_codec). Loading decodes, copying into the cache encodes, and the model
+format (``stored``, engine.kv.codec). Loading decodes, copying into the cache encodes, and the model
 rounds every K/V it writes through the format, so both directions are exact.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from engine.block_pool import KVBlockPool, Slot
-from engine.kv_codec import KVCodec, identity_codec
+from engine.kv.block_pool import KVBlockPool, Slot
+from engine.kv.codec import KVCodec, identity_codec
 from engine.prefill_shapes import round_up
 
 BLOCK_TOKENS = 64  # granularity of cache-owned KV: a radix split copies at most one block
@@ -63,7 +63,7 @@ class KVSegment:
     because a split replaces the node it splits. With a ``pool`` (the engine's `KVBlockPool`), whole
     blocks are copied into pooled slots instead of fresh allocations.
 
-    ``codec`` is the storage format (engine.kv_codec; default: the tensors' own dtype): ``copy()``
+    ``codec`` is the storage format (engine.kv.codec; default: the tensors' own dtype): ``copy()``
     encodes raw views into it, ``nbytes`` counts stored bytes, and ``keys``/``values``/``parts()``/
     ``decoded()`` give raw (compute-dtype) tensors whatever the format; ``stored_parts()`` gives the
     stored ones.
@@ -293,7 +293,7 @@ class KVBuffer(Cache):
     """A transformers ``Cache`` backed by one preallocated tensor for all layers (batch size 1).
 
     ``capacity`` tokens are allocated up front (grown by doubling if exceeded); the forward pass appends
-    in place and attention reads views ``[:, :, :n]``. ``codec`` (engine.kv_codec) is the cache's KV
+    in place and attention reads views ``[:, :, :n]``. ``codec`` (engine.kv.codec) is the cache's KV
     storage format: K/V written through ``update`` are rounded through it, and ``segment`` hands it on.
 
     Example:

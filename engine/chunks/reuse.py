@@ -4,7 +4,7 @@ model can do ``chunks`` at all.
 ``prefix`` reuses the longest cached prefix of the prompt, nothing else: output equals full prefill.
 ``chunks`` also reuses every retrieved chunk the cache has seen after the stable prefix, wherever the
 chunk stands now (keys re-rotated to the new position), and recomputes a share of the reused chunk
-tokens so the chunks see each other (``engine.stitch``). Its fidelity to full prefill is measured in
+tokens so the chunks see each other (``engine.chunks.stitch``). Its fidelity to full prefill is measured in
 the benchmark, never assumed.
 
 Example:

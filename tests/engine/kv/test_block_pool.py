@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.block_pool import KVBlockPool
 from engine.kv import BLOCK_TOKENS, KVBuffer, KVSegment
+from engine.kv.block_pool import KVBlockPool
 from prefix_cache import RadixCache
 
 LAYERS, HEADS, DIM = 2, 1, 4

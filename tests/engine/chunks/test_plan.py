@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.stitch_plan import check_spans, plan_stitch
+from engine.chunks.plan import check_spans, plan_stitch
 
 
 def test_chunk_right_after_the_anchor_is_computed_in_place():

@@ -5,8 +5,8 @@ import subprocess
 import sys
 import time
 
-from engine.kv_blockfile import TEMP_PREFIX
-from engine.kv_directory import BlockDirectory
+from engine.tiers.blockfile import TEMP_PREFIX
+from engine.tiers.directory import BlockDirectory
 
 
 def _put(folder: BlockDirectory, key: str, size: int, depth: int, when_ns: int) -> None:

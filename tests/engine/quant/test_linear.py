@@ -1,10 +1,10 @@
-"""engine.quant: int8 weights times per-row int8 activations, on the real model's weights."""
+"""engine.quant.linear: int8 weights times per-row int8 activations, on the real model's weights."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.quant import int8_linear, pack_int8, quantize_rows, quantize_weight
+from engine.quant.linear import int8_linear, pack_int8, quantize_rows, quantize_weight
 
 
 @pytest.fixture(scope="module")

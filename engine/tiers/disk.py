@@ -9,8 +9,8 @@ replicas of one model may share.
           the blocks the folder lacks, then the partial block after them (write-behind; the queue is
           bounded, a full queue drops)
 
-Blocks are content-addressed (engine.kv_chain): a file can only be found by the model, formats and
-namespace that wrote it. Each file is checked before use (engine.kv_blockfile); one that fails is a
+Blocks are content-addressed (engine.tiers.addresses): a file can only be found by the model, formats and
+namespace that wrote it. Each file is checked before use (engine.tiers.blockfile); one that fails is a
 miss, logged and deleted, never a crash and never loaded. Reads stop at the caller's limit, so the
 engine's "at least one prompt token is computed" cap holds.
 
@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.kv import BLOCK_TOKENS, KVBuffer, KVSegment
-from engine.kv_blockfile import BlockMeta, read_block_file, read_block_tokens, write_block_file
-from engine.kv_chain import block_hashes, chain_root, model_fingerprint, tail_hash
-from engine.kv_codec import KVCodec, KVGeometry, compute_dtype
-from engine.kv_directory import BlockDirectory
+from engine.kv.codec import KVCodec, KVGeometry, compute_dtype
+from engine.kv.state import BLOCK_TOKENS, KVBuffer, KVSegment
+from engine.tiers.addresses import block_hashes, chain_root, model_fingerprint, tail_hash
+from engine.tiers.blockfile import BlockMeta, read_block_file, read_block_tokens, write_block_file
+from engine.tiers.directory import BlockDirectory
 from prefix_cache import RadixCache
 from prefix_cache.keys import common_prefix_len
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.kv import KVBuffer
+from engine.kv.state import KVBuffer
 
 NewBuffer = Callable[[int], KVBuffer]
 

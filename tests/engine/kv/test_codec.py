@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.kv_codec import KV_DTYPES, KVGeometry, make_codec
+from engine.kv.codec import KV_DTYPES, KVGeometry, make_codec
 
 SMOLLM2 = KVGeometry(layers=30, kv_heads=3, head_dim=64)
 COMPUTE = [torch.float32, torch.bfloat16]
@@ -80,7 +80,7 @@ def test_unknown_kv_dtype_is_a_clear_error():
         make_codec("int4", torch.float32)
 
 
-@pytest.mark.parametrize("name", ["engine.kv_codec", "engine.kv_chain"])
+@pytest.mark.parametrize("name", ["engine.kv.codec", "engine.tiers.addresses"])
 def test_docstring_examples(name):
     import doctest
     import importlib

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from engine.block_pool import KVBlockPool
 from engine.fused import FusedLlamaRunner
 from engine.kv import BLOCK_TOKENS, KVBuffer
-from engine.kv_codec import KV_DTYPES, make_codec
+from engine.kv.block_pool import KVBlockPool
+from engine.kv.codec import KV_DTYPES, make_codec
 from engine.runner import ModelRunner
 from prefix_cache import RadixCache
 

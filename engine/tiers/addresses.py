@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from engine.kv import BLOCK_TOKENS
+from engine.kv.state import BLOCK_TOKENS
 
 CHAIN_VERSION = b"prefixrag-kv-chain-v1"
 _SAMPLES_PER_TENSOR = 1024  # elements of each weight that enter the fingerprint

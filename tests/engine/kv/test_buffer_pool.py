@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.buffer_pool import BufferPool
 from engine.kv import KVBuffer
+from engine.kv.buffer_pool import BufferPool
 
 LAYERS, HEADS, DIM = 2, 1, 4
 

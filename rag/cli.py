@@ -491,7 +491,7 @@ def eval_retrieval(
     json_out: Path = typer.Option(None, "--json", help="write every figure to this JSON file"),
 ) -> None:
     """Recall@1/4/10 and MRR (95% bootstrap intervals) of every retrieval method on the eval set."""
-    from rag.retrieval.eval_cli import eval_retrieval_command
+    from rag.evaluation.cli import eval_retrieval_command
 
     try:
         eval_retrieval_command(

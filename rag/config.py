@@ -1,7 +1,7 @@
 """RAGConfig: the knobs of the rag layer (retrieval part; prompt and engine fields come later).
 
 Retrieval defaults are the ones measured best on the tuning split of the retrieval eval set
-(``prefixrag eval-retrieval``, ``rag.retrieval.evaluate``).
+(``prefixrag eval-retrieval``, ``rag.evaluation.evaluate``).
 
 Example:
     >>> cfg = RAGConfig(chunk_size=128, retrieval_mode="dense")
@@ -18,10 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.config import EngineConfig
 from engine.sampling import SamplingParams
-from rag.ingestion.documents import check_collection
 from rag.prompt.assembler import DEFAULT_SYSTEM_PROMPT
 from rag.retrieval.embedder import DEFAULT_EMBEDDER, LongTexts
 from rag.retrieval.retriever import check_top_k
+from rag.types import check_collection
 
 RetrievalMode = Literal["dense", "bm25", "hybrid"]
 Fusion = Literal["weighted", "rrf"]

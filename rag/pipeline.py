@@ -21,11 +21,12 @@ from engine.chunks.reuse import REUSE_MODES
 from engine.request import GenerationResult, StreamEvent
 from engine.sampling import SamplingParams
 from rag.config import RAGConfig
-from rag.ingestion.documents import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
+from rag.ingestion.collection import DocumentInfo
 from rag.ingestion.loaders import LoadResult
-from rag.ingestion.store import DocumentInfo, KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
 from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler
 from rag.prompt.public import public_prefix_length
+from rag.types import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
 from rag.warming import WarmReport, warm_chunks
 
 

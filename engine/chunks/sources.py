@@ -58,7 +58,7 @@ class ChunkSources:
         self.cache = cache
         self.runner = runner
         self.buffers = buffers
-        self.disk = disk  # engine.disk_tier.DiskTier or None
+        self.disk = disk  # engine.tiers.disk.DiskTier or None
 
     def fetch(
         self,

@@ -56,7 +56,7 @@ class BlockMeta:
 
     key: str  # the block's address (hex)
     parent: str  # the previous block's address, or the chain root (hex)
-    fingerprint: str  # engine.kv_chain.model_fingerprint
+    fingerprint: str  # engine.tiers.addresses.model_fingerprint
     kv_dtype: str
     tokens: list[int] | None  # None when reading: any tokens (a partial last block)
 

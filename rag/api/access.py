@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from rag.api.auth import Principal
 from rag.api.errors import api_error
 from rag.api.settings import Settings
-from rag.ingestion.documents import DEFAULT_COLLECTION
+from rag.types import DEFAULT_COLLECTION
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.api.schemas.rag import DocumentIn, DocumentOut
-from rag.ingestion.documents import DEFAULT_COLLECTION
+from rag.types import DEFAULT_COLLECTION
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _MAX_NAME = 128
@@ -52,7 +52,7 @@ def derived_id(text: str) -> str:
 
 
 def documents_from_json(items: list[DocumentIn]) -> list[Any]:
-    from rag.ingestion.documents import Document
+    from rag.types import Document
 
     docs = []
     for i, item in enumerate(items):
@@ -69,7 +69,7 @@ def documents_from_json(items: list[DocumentIn]) -> list[Any]:
 
 def documents_from_upload(files: list[Any]) -> list[Any]:
     """Documents from Starlette ``UploadFile``s (read synchronously: call from a worker thread)."""
-    from rag.ingestion.documents import Document
+    from rag.types import Document
 
     docs = []
     seen: set[str] = set()

@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from engine.config import EngineConfig
 from engine.paths import kv_cache_dir
 from rag.config import RAGConfig
-from rag.ingestion.documents import NAME_PATTERN, check_collection
+from rag.types import NAME_PATTERN, check_collection
 
 _TENANT = re.compile(NAME_PATTERN)  # a tenant's private collection bears its name
 

@@ -35,10 +35,10 @@ from rag.benchmark.needle import make_needles, needle_layouts, needle_prompts
 from rag.benchmark.stats import summarize
 from rag.benchmark.sweep import bench_rag_config
 from rag.benchmark.workload import Workload
-from rag.ingestion.documents import ScoredChunk
-from rag.ingestion.store import KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
 from rag.pipeline import Pipeline
 from rag.prompt.assembler import Prompt
+from rag.types import ScoredChunk
 from rag.warming import WarmReport, warm_chunks
 
 OFF = "caching off"

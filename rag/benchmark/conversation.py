@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from rag.benchmark.workload import BenchRequest
-from rag.ingestion.documents import ScoredChunk
 from rag.prompt.assembler import Prompt
 from rag.prompt.template import ChatLayout
+from rag.types import ScoredChunk
 
 Assemble = Callable[[str, Sequence[ScoredChunk], str], Prompt]
 """(question, hits, namespace) -> Prompt: ``Pipeline.assemble`` or an equivalent."""

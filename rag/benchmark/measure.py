@@ -33,7 +33,7 @@ from rag.benchmark.conversation import PromptBuilder
 from rag.benchmark.stats import TokenCounts, summarize
 from rag.benchmark.sweep import SweepPoint, bench_rag_config
 from rag.benchmark.workload import Workload
-from rag.ingestion.store import KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
 from rag.pipeline import Pipeline
 from rag.prompt.template import ChatLayout
 

@@ -18,8 +18,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rag.ingestion.documents import ScoredChunk
 from rag.prompt.assembler import Prompt
+from rag.types import ScoredChunk
 
 ADJECTIVES = [
     "Silver",

@@ -27,14 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from rag.ingestion.documents import Chunk
-from rag.ingestion.store import KnowledgeBase
+from rag.evaluation.eval_set import EvalQuestion
+from rag.evaluation.evaluate import QueryVectorMemo
+from rag.evaluation.variants import KBParts, kb_parts
+from rag.knowledge_base import KnowledgeBase
 from rag.retrieval.bm25 import BM25Index
-from rag.retrieval.eval_set import EvalQuestion
-from rag.retrieval.evaluate import QueryVectorMemo
 from rag.retrieval.factory import make_retriever
 from rag.retrieval.index import EF_CONSTRUCTION, EF_SEARCH, HNSW_M, VectorIndex
-from rag.retrieval.variants import KBParts, kb_parts
+from rag.types import Chunk
 
 MIN_ANN_RECALL = 0.98
 P50_MS_TARGET = 100.0

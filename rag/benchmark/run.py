@@ -42,7 +42,7 @@ from rag.benchmark.stats import summarize
 from rag.benchmark.sweep import UNBOUNDED, ReplayResult, Simulator, SweepPoint, SweepResult, run_sweep
 from rag.benchmark.texts import SYSTEM_PROMPT, TOOLS
 from rag.benchmark.workload import Workload, build_workload
-from rag.ingestion.store import KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
 from rag.prompt.assembler import render_tools
 
 Step = Callable[[str], None]
@@ -345,8 +345,8 @@ def _retrieval_section(
     if not config.retrieval_section:
         return None
     from rag.benchmark.retrieval_scale import ScaleSpec, run_scale
-    from rag.retrieval.comparison import compare_methods
-    from rag.retrieval.eval_set import load_retrieval_eval
+    from rag.evaluation.comparison import compare_methods
+    from rag.evaluation.eval_set import load_retrieval_eval
 
     questions = load_retrieval_eval(config.retrieval_split)
     with clock("retrieval section"):

@@ -25,11 +25,11 @@ from rag.benchmark.simulate import SimulatedEngine
 from rag.benchmark.stats import TokenCounts
 from rag.benchmark.workload import Workload
 from rag.config import RAGConfig
-from rag.ingestion.documents import ScoredChunk
-from rag.ingestion.store import KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
 from rag.pipeline import Pipeline
 from rag.prompt.assembler import Prompt, PromptAssembler
 from rag.prompt.template import ChatLayout
+from rag.types import ScoredChunk
 
 ORDERS = ("relevance", "canonical", "cache")
 EVICTIONS = ("lru", "gdsf")

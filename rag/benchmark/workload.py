@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from rag.benchmark.texts import ACKS, ASKS, FOLLOW_UPS, LEADS
-from rag.ingestion.documents import ScoredChunk
+from rag.types import ScoredChunk
 
 ANSWER_TEMPLATE = (
     "In short, {subject} works as the passages describe [1]. The precise rule is stated in [1], "
@@ -94,7 +94,7 @@ class Workload:
 
 
 class Searcher(Protocol):
-    """What the workload needs from a knowledge base (``rag.ingestion.store.KnowledgeBase`` fits)."""
+    """What the workload needs from a knowledge base (``rag.knowledge_base.KnowledgeBase`` fits)."""
 
     def search(self, query: str, top_k: int | None = None) -> list[ScoredChunk]: ...
 

@@ -1,1 +1,1 @@
-"""rag.ingestion: documents, loaders, chunking, the knowledge base and its on-disk format."""
+"""rag.ingestion: loaders, chunking, collections and the index's on-disk format."""

@@ -1,4 +1,4 @@
-"""Token-aware splitting of documents into overlapping chunks.
+"""Token-aware splitting of documents into overlapping chunks, and the title their chunks carry.
 
 Token counts come from the LLM's tokenizer (what the prompt budget is made of). Text is cut at the
 coarsest boundary that fits: paragraph, then sentence, then line, then word, then (for a single
@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from rag.ingestion.documents import DEFAULT_COLLECTION, Chunk, Document
+from rag.types import DEFAULT_COLLECTION, Chunk, Document
 
 Span = tuple[int, int]
 
@@ -61,6 +61,23 @@ def chunk_id(doc_id: str, text: str, occurrence: int = 0, collection: str = DEFA
     else:
         key = f"{doc_id}\x00{text}" + (f"\x00{occurrence}" if occurrence else "")
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+
+
+def document_title(doc: Document) -> str | None:
+    """A document's title: ``metadata["title"]``, a leading markdown heading, or a short first line
+    that is underlined or followed by a blank line; None when there is no such line."""
+    title = doc.metadata.get("title")
+    if isinstance(title, str) and title.strip():
+        return " ".join(title.split())
+    lines = doc.text.lstrip().splitlines()
+    if not lines:
+        return None
+    first = lines[0].strip()
+    if first.startswith("#"):
+        first = first.lstrip("#").strip()
+    elif len(lines) > 1 and lines[1].strip() and not re.fullmatch(r"[=\-*~^#]{3,}", lines[1].strip()):
+        return None
+    return first if 0 < len(first) <= 120 else None
 
 
 class Chunker:

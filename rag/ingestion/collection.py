@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from rag.ingestion.documents import Chunk, Document, check_collection
 from rag.retrieval.bm25 import BM25Index
 from rag.retrieval.index import VectorIndex
+from rag.types import Chunk, Document, check_collection
 
 
 @dataclass

@@ -28,8 +28,8 @@ from typing import Any
 
 from rag.config import RAGConfig
 from rag.ingestion.collection import Collection, DocumentRecord
-from rag.ingestion.documents import DEFAULT_COLLECTION, Chunk, Document, check_collection
 from rag.retrieval.index import VectorIndex
+from rag.types import DEFAULT_COLLECTION, Chunk, Document, check_collection
 
 FORMAT_VERSION = 2
 _LEGACY_FORMAT = 1  # one collection, its files at the top of the version directory

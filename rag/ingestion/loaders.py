@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
-from rag.ingestion.documents import Document
+from rag.types import Document
 
 HTML_SUFFIXES = frozenset({".html", ".htm", ".xhtml"})
 _SNIFF_BYTES = 8192

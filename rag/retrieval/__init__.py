@@ -1,1 +1,1 @@
-"""rag.retrieval: embedder, FAISS and BM25 indexes, retrievers, rerankers and their evaluation."""
+"""rag.retrieval: embedder, FAISS and BM25 indexes, retrievers and rerankers."""

@@ -8,7 +8,7 @@ document still gets ``top_k`` chunks. ``DiverseRetriever`` applies it to any ret
 deeper until the cap can be met or the retriever runs out.
 
 Example:
-    >>> from rag.ingestion.documents import ScoredChunk
+    >>> from rag.types import ScoredChunk
     >>> hits = [ScoredChunk(doc_id=d, chunk_id=f"{d}{i}", score=s, text="")
     ...         for i, (d, s) in enumerate([("a", 0.9), ("a", 0.8), ("b", 0.7), ("a", 0.6)])]
     >>> [h.chunk_id for h in cap_per_document(hits, per_document=1, top_k=3)]
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from rag.ingestion.documents import ScoredChunk
 from rag.retrieval.retriever import Retriever, check_query
+from rag.types import ScoredChunk
 
 _FETCH_FACTOR = 4  # first fetch: this many times top_k
 _MAX_FETCH_FACTOR = 32  # give up deepening at this many times top_k

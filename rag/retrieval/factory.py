@@ -13,7 +13,6 @@ from collections.abc import Mapping
 
 from rag.config import Fusion, RAGConfig, RetrievalMode
 from rag.ingestion.chunking import Chunker
-from rag.ingestion.documents import Chunk
 from rag.retrieval.bm25 import BM25Index
 from rag.retrieval.diversity import DiverseRetriever
 from rag.retrieval.embedder import Embedder
@@ -21,6 +20,7 @@ from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import CrossEncoderReranker, EmbeddingReranker, NoReranker, Reranker
 from rag.retrieval.retriever import BM25Retriever, DenseRetriever, HybridRetriever, QueryEmbedder, Retriever
+from rag.types import Chunk
 
 
 def make_embedder(config: RAGConfig) -> Embedder:

@@ -18,10 +18,10 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from rag.ingestion.documents import Chunk, ScoredChunk
 from rag.retrieval.bm25 import BM25Index
 from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
+from rag.types import Chunk, ScoredChunk
 
 
 @runtime_checkable

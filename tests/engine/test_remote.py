@@ -20,7 +20,7 @@ from rag.api.server import BackgroundServer
 from rag.config import RAGConfig
 from rag.deploy.cluster import free_port
 from rag.ingestion.chunking import Chunker
-from rag.ingestion.store import KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
 from rag.pipeline import Pipeline
 from tests.rag.corpus import SMALL_CORPUS
 from tests.rag.test_pipeline import FACT

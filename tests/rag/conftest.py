@@ -8,7 +8,7 @@ import pytest
 
 from rag.config import RAGConfig
 from rag.ingestion.chunking import Chunker
-from rag.ingestion.store import KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
 from tests.rag.corpus import SMALL_CORPUS
 
 

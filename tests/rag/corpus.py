@@ -1,6 +1,6 @@
 """A tiny corpus with one clearly right document per topic, for fast tests."""
 
-from rag.ingestion.documents import Document
+from rag.types import Document
 
 # A small corpus with one clearly right answer per question below.
 SMALL_CORPUS = [

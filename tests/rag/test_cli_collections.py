@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rag.cli import app
-from rag.ingestion.store import KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
 
 
 @pytest.fixture

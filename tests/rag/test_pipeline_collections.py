@@ -8,10 +8,10 @@ import pytest
 from engine import Engine, SamplingParams
 from rag.config import RAGConfig
 from rag.ingestion.chunking import Chunker
-from rag.ingestion.documents import Document
-from rag.ingestion.store import KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
 from rag.pipeline import Pipeline
 from rag.prompt.public import public_prefix_length
+from rag.types import Document
 
 ALICE = Document(id="plan.md", text="# Plan\n\nAlice's launch code for the Zorblax project is 4417.")
 BOB = Document(id="plan.md", text="# Plan\n\nBob's launch code for the Quillon project is 9021.")

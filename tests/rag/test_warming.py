@@ -10,9 +10,9 @@ from engine import Engine, EngineConfig
 from engine.remote import RemoteEngine
 from rag.config import RAGConfig
 from rag.ingestion.chunking import Chunker
-from rag.ingestion.documents import Document
-from rag.ingestion.store import KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
 from rag.pipeline import Pipeline
+from rag.types import Document
 from tests.rag.corpus import SMALL_CORPUS
 
 FACT = Document(id="zorblax.md", text="The Zorblax project is led by Ada Brennan. Its secret code is 4417.")

@@ -1,6 +1,6 @@
 """Nothing user-supplied is ever unpickled.
 
-How the index files are read (``KnowledgeBase.load`` -> ``rag.ingestion.store`` / ``rag.retrieval.index``), per saved
+How the index files are read (``KnowledgeBase.load`` -> ``rag.knowledge_base`` / ``rag.retrieval.index``), per saved
 version directory ``<index_dir>/vNNNNNN/`` named by the plain-text pointer file ``CURRENT``:
 
 - ``manifest.json``, ``documents.json``, ``chunks.json``, ``keys.json``, ``index.json``: ``json.loads``
@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.ingestion.documents import Document
 from rag.ingestion.persist import POINTER, current_version
-from rag.ingestion.store import KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
+from rag.types import Document
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("rag", "engine", "prefix_cache")

@@ -33,7 +33,7 @@ from rag.api.schemas.rag import (
 )
 from rag.api.services import Services
 from rag.api.settings import Settings
-from rag.ingestion.documents import NAME_PATTERN
+from rag.types import NAME_PATTERN
 
 router = APIRouter(
     prefix="/v1",

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag.api.schemas.types import Bool, Int, RequestModel
-from rag.ingestion.documents import DEFAULT_COLLECTION, NAME_PATTERN
+from rag.types import DEFAULT_COLLECTION, NAME_PATTERN
 
 # JSON-schema patterns (documentation for clients and fuzzers; the routers check the same rules)
 MAX_DEPTH = 16  # metadata nesting

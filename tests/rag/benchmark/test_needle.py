@@ -7,7 +7,7 @@ import torch
 
 from rag.benchmark.fidelity import kl_divergence, rouge_l
 from rag.benchmark.needle import make_needles, needle_layouts
-from rag.ingestion.documents import ScoredChunk
+from rag.types import ScoredChunk
 
 DISTRACTORS = [ScoredChunk(doc_id=f"d{i}", chunk_id=f"c{i}", score=0.0, text=f"text {i}") for i in range(6)]
 

@@ -9,13 +9,13 @@ import pytest
 
 from rag.benchmark.retrieval_report import retrieval_section
 from rag.benchmark.retrieval_scale import ScaleSpec, run_scale, synthetic_corpus
+from rag.evaluation.comparison import DEFAULT, PLAIN, RERANK, compare_methods
+from rag.evaluation.eval_set import load_retrieval_eval
+from rag.evaluation.variants import kb_parts
 from rag.ingestion.chunking import Chunker
 from rag.ingestion.loaders import load_python_reference
-from rag.ingestion.store import KnowledgeBase
-from rag.retrieval.comparison import DEFAULT, PLAIN, RERANK, compare_methods
-from rag.retrieval.eval_set import load_retrieval_eval
+from rag.knowledge_base import KnowledgeBase
 from rag.retrieval.index import EF_SEARCH
-from rag.retrieval.variants import kb_parts
 
 TOPICS = {
     "assert",
@@ -94,7 +94,7 @@ def test_synthetic_corpus_is_shaped_like_the_real_one(section):
 def test_the_cli_tables_show_every_method(section):
     from rich.console import Console
 
-    from rag.retrieval.eval_cli import comparison_table, latency_table
+    from rag.evaluation.cli import comparison_table, latency_table
 
     _, _, res = section
     methods = res["retrieval_section"]["methods"]

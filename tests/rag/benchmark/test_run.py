@@ -16,7 +16,7 @@ from rag.benchmark.plots import PLOTS
 from rag.benchmark.report import ENGINE_TITLE, RADIX_TITLE, rerender
 from rag.ingestion.chunking import Chunker
 from rag.ingestion.loaders import load_python_reference
-from rag.ingestion.store import KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
 
 TOPICS = 5
 

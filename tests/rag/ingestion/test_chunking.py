@@ -2,9 +2,9 @@ import itertools
 
 import pytest
 
-from rag.ingestion.chunking import Chunker, chunk_id, token_counter
-from rag.ingestion.documents import Document
+from rag.ingestion.chunking import Chunker, chunk_id, document_title, token_counter
 from rag.ingestion.loaders import load_python_reference
+from rag.types import Document
 
 
 def _paragraphs(n: int, words: int = 30) -> str:
@@ -126,3 +126,17 @@ def test_tokenizer_by_model_name_loads_lazily():
 def test_bad_tokenizer_is_rejected():
     with pytest.raises(ValueError, match="tokenizer"):
         token_counter(42)
+
+
+@pytest.mark.parametrize(
+    ("text", "metadata", "title"),
+    [
+        ("# Heading\nbody", {}, "Heading"),
+        ('The "if" statement\n******************\n\nbody', {}, 'The "if" statement'),
+        ("Short title\n\nbody", {}, "Short title"),
+        ("A sentence that just\ncontinues on the next line.", {}, None),
+        ("body", {"title": "From  metadata"}, "From metadata"),
+    ],
+)
+def test_document_title(text, metadata, title):
+    assert document_title(Document(id="x", text=text, metadata=metadata)) == title

@@ -9,7 +9,7 @@ import pytest
 
 from rag.config import RAGConfig
 from rag.ingestion.persist import current_version
-from rag.ingestion.store import KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
 from tests.rag.corpus import SMALL_CORPUS
 
 

@@ -1,7 +1,7 @@
 import pytest
 
-from rag.ingestion.documents import Document, ScoredChunk
 from rag.retrieval.diversity import DiverseRetriever, cap_per_document
+from rag.types import Document, ScoredChunk
 
 LOOPS = " ".join(
     f"Loop fact {i}: a for loop repeats its body once for every item of an iterable, and a while loop "
@@ -35,7 +35,7 @@ def test_cap_keeps_each_documents_best_first_then_fills_from_the_skipped():
 def loops_kb(embedder, llm_tokenizer):
     from rag.config import RAGConfig
     from rag.ingestion.chunking import Chunker
-    from rag.ingestion.store import KnowledgeBase
+    from rag.knowledge_base import KnowledgeBase
 
     kb = KnowledgeBase(
         RAGConfig(chunk_size=64, chunk_overlap=8), embedder=embedder, chunker=Chunker(llm_tokenizer, 64, 8)
@@ -58,7 +58,7 @@ def test_a_long_document_does_not_fill_the_top_k(loops_kb, mode):
 def test_a_single_document_still_gets_top_k_chunks(embedder, llm_tokenizer):
     from rag.config import RAGConfig
     from rag.ingestion.chunking import Chunker
-    from rag.ingestion.store import KnowledgeBase
+    from rag.knowledge_base import KnowledgeBase
 
     kb = KnowledgeBase(
         RAGConfig(chunk_size=64, chunk_overlap=8), embedder=embedder, chunker=Chunker(llm_tokenizer, 64, 8)

@@ -1,7 +1,7 @@
 import pytest
 
-from rag.ingestion.documents import ScoredChunk
 from rag.retrieval.rerank import CrossEncoderReranker, EmbeddingReranker, NoReranker, Reranker
+from rag.types import ScoredChunk
 
 
 def hit(i: int, text: str, score: float) -> ScoredChunk:

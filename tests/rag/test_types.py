@@ -1,6 +1,6 @@
 import pytest
 
-from rag.ingestion.documents import Chunk, Document, ScoredChunk
+from rag.types import Chunk, Document, ScoredChunk
 
 
 def test_document_defaults_and_frozen():

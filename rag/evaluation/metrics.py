@@ -20,7 +20,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
-from rag.ingestion.documents import ScoredChunk
+from rag.types import ScoredChunk
 
 DEFAULT_RESAMPLES = 2000
 

@@ -6,14 +6,14 @@ from collections import Counter
 
 import pytest
 
-from rag.retrieval.bm25 import tokenize
-from rag.retrieval.eval_set import (
+from rag.evaluation.eval_set import (
     KINDS,
     TUNE_SHARE,
     EvalQuestion,
     load_retrieval_eval,
     stratified_split,
 )
+from rag.retrieval.bm25 import tokenize
 
 # Function words, ignored when comparing a paraphrase with a topic's id and title.
 STOP = frozenset(("the", "a", "an", "of", "and", "or", "to", "in", "is", "it", "for", "on", "with", "what"))

@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from rag.cli import app
-from rag.retrieval.eval_cli import write_json_atomic
+from rag.evaluation.cli import write_json_atomic
 
 
 def test_help_lists_the_options():

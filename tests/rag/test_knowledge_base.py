@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 
 from rag.config import RAGConfig
-from rag.ingestion.documents import Document
 from rag.ingestion.persist import current_version
-from rag.ingestion.store import KnowledgeBase, document_title
+from rag.knowledge_base import KnowledgeBase
 from rag.retrieval.index import VectorIndex
+from rag.types import Document
 from tests.rag.corpus import SMALL_CORPUS
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def ids(hits):
@@ -155,7 +155,7 @@ def test_process_killed_mid_save_leaves_previous_index_loadable(make_kb, embedde
         f"""
         import os, signal
         from rag.retrieval.index import VectorIndex
-        from rag.ingestion.store import KnowledgeBase
+        from rag.knowledge_base import KnowledgeBase
 
         kb = KnowledgeBase.load({str(tmp_path)!r})
         kb.delete_document("cats.md")
@@ -218,17 +218,3 @@ def test_ingest_paths_reports_skipped(make_kb, tmp_path):
     assert [Path(s.path).name for s in result.skipped] == ["b.bin"]
     with pytest.raises(FileNotFoundError):
         kb.ingest(tmp_path / "missing")
-
-
-@pytest.mark.parametrize(
-    ("text", "metadata", "title"),
-    [
-        ("# Heading\nbody", {}, "Heading"),
-        ('The "if" statement\n******************\n\nbody', {}, 'The "if" statement'),
-        ("Short title\n\nbody", {}, "Short title"),
-        ("A sentence that just\ncontinues on the next line.", {}, None),
-        ("body", {"title": "From  metadata"}, "From metadata"),
-    ],
-)
-def test_document_title(text, metadata, title):
-    assert document_title(Document(id="x", text=text, metadata=metadata)) == title

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rag.ingestion.documents import Chunk
-from rag.ingestion.store import KnowledgeBase
+from rag.knowledge_base import KnowledgeBase
 from rag.retrieval.bm25 import BM25Index
 from rag.retrieval.diversity import DiverseRetriever
 from rag.retrieval.embedder import Embedder
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.retriever import HybridRetriever
+from rag.types import Chunk
 
 SearchText = Callable[[Chunk], str]
 

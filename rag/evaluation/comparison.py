@@ -19,17 +19,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rag.config import RAGConfig
-from rag.ingestion.store import KnowledgeBase
-from rag.retrieval.eval_set import EvalQuestion
-from rag.retrieval.evaluate import EvalSetting, evaluate, latency
-from rag.retrieval.rerank import EmbeddingReranker
-from rag.retrieval.variants import (
+from rag.evaluation.eval_set import EvalQuestion
+from rag.evaluation.evaluate import EvalSetting, evaluate, latency
+from rag.evaluation.variants import (
     kb_parts,
     multi_vector_index,
     plain_index,
     truncated_index,
     words_only_bm25,
 )
+from rag.knowledge_base import KnowledgeBase
+from rag.retrieval.rerank import EmbeddingReranker
 
 DEFAULT = "default (config)"
 PLAIN = "plain dense (MiniLM + FAISS)"

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rag.retrieval.eval_set import SPLITS, EvalQuestion, load_retrieval_eval, read_questions
+from rag.evaluation.eval_set import SPLITS, EvalQuestion, load_retrieval_eval, read_questions
 
 
 def eval_retrieval_command(
@@ -33,7 +33,7 @@ def eval_retrieval_command(
     (or of ``questions_file``), print the tables and targets, and save the figures as JSON."""
     from rag.config import RAGConfig
     from rag.demo import default_demo_index, open_demo_pipeline
-    from rag.retrieval.comparison import compare_methods
+    from rag.evaluation.comparison import compare_methods
 
     if split not in (*SPLITS, "all"):
         raise ValueError(f"split must be one of {[*SPLITS, 'all']}, got {split!r}")

@@ -1,9 +1,9 @@
 """Retrieval evaluation on labelled questions over the bundled corpus.
 
 Each ``EvalSetting`` is one way to retrieve: a first-stage mode and fusion, a config (diversity
-and fusion knobs), optionally another vector index over the same chunks (``rag.retrieval.variants``)
+and fusion knobs), optionally another vector index over the same chunks (``rag.evaluation.variants``)
 and a reranker. ``evaluate`` runs every setting on every question and scores the ranked chunks
-(``rag.retrieval.metrics``): recall@k and MRR with bootstrap intervals, recall@4 by question kind,
+(``rag.evaluation.metrics``): recall@k and MRR with bootstrap intervals, recall@4 by question kind,
 and, for the top 4, the share of relevant documents covered, how many documents they come from and
 the LLM tokens they would put in the prompt. Query vectors are computed once and shared by all
 settings; ``latency`` times the real thing separately.
@@ -27,14 +27,8 @@ from typing import Any
 import numpy as np
 
 from rag.config import Fusion, RAGConfig, RetrievalMode
-from rag.ingestion.documents import ScoredChunk
-from rag.ingestion.loaders import load_python_reference
-from rag.ingestion.store import KnowledgeBase
-from rag.retrieval.bm25 import BM25Index
-from rag.retrieval.eval_set import EvalQuestion, read_questions
-from rag.retrieval.factory import make_retriever
-from rag.retrieval.index import VectorIndex
-from rag.retrieval.metrics import (
+from rag.evaluation.eval_set import EvalQuestion, read_questions
+from rag.evaluation.metrics import (
     bootstrap_interval,
     distinct_documents,
     document_coverage,
@@ -43,9 +37,15 @@ from rag.retrieval.metrics import (
     mean_reciprocal_rank,
     recall_at_k,
 )
+from rag.evaluation.variants import KBParts, kb_parts
+from rag.ingestion.loaders import load_python_reference
+from rag.knowledge_base import KnowledgeBase
+from rag.retrieval.bm25 import BM25Index
+from rag.retrieval.factory import make_retriever
+from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import Reranker
 from rag.retrieval.retriever import QueryEmbedder
-from rag.retrieval.variants import KBParts, kb_parts
+from rag.types import ScoredChunk
 
 __all__ = [
     "EvalQuestion",

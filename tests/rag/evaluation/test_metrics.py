@@ -1,7 +1,6 @@
 import pytest
 
-from rag.ingestion.documents import ScoredChunk
-from rag.retrieval.metrics import (
+from rag.evaluation.metrics import (
     bootstrap_interval,
     distinct_documents,
     document_coverage,
@@ -9,6 +8,7 @@ from rag.retrieval.metrics import (
     mean_reciprocal_rank,
     recall_at_k,
 )
+from rag.types import ScoredChunk
 
 
 def hit(doc: str, topic: str | None = None) -> ScoredChunk:

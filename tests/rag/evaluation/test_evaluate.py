@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
+from rag.evaluation.evaluate import EvalQuestion, EvalSetting, evaluate, load_eval_questions, recall_at
 from rag.ingestion.chunking import Chunker
-from rag.ingestion.documents import ScoredChunk
 from rag.ingestion.loaders import load_python_reference
-from rag.ingestion.store import KnowledgeBase
-from rag.retrieval.evaluate import EvalQuestion, EvalSetting, evaluate, load_eval_questions, recall_at
+from rag.knowledge_base import KnowledgeBase
+from rag.types import ScoredChunk
 
 MAX_TOPIC_CHARS = 10_000
 

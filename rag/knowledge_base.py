@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import threading
 import time
 from collections import ChainMap
@@ -36,9 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from rag.config import Fusion, RAGConfig, RetrievalMode
-from rag.ingestion.chunking import Chunker
+from rag.ingestion.chunking import Chunker, document_title
 from rag.ingestion.collection import Collection, DocumentInfo
-from rag.ingestion.documents import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
 from rag.ingestion.index_format import (
     SavedIndex,
     check_compatible,
@@ -56,8 +54,9 @@ from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import Reranker
 from rag.retrieval.retriever import DenseRetriever, Retriever, check_query
+from rag.types import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
 
-__all__ = ["DocumentInfo", "IngestStats", "KnowledgeBase", "SearchResult", "document_title"]
+__all__ = ["IngestStats", "KnowledgeBase", "SearchResult"]
 
 _EMBED_CALL = 256  # texts per embed() call (progress granularity; the model batches inside)
 
@@ -81,23 +80,6 @@ class SearchResult:
     hits: list[ScoredChunk]
     retrieve_ms: float
     rerank_ms: float
-
-
-def document_title(doc: Document) -> str | None:
-    """A document's title: ``metadata["title"]``, a leading markdown heading, or a short first line
-    that is underlined or followed by a blank line; None when there is no such line."""
-    title = doc.metadata.get("title")
-    if isinstance(title, str) and title.strip():
-        return " ".join(title.split())
-    lines = doc.text.lstrip().splitlines()
-    if not lines:
-        return None
-    first = lines[0].strip()
-    if first.startswith("#"):
-        first = first.lstrip("#").strip()
-    elif len(lines) > 1 and lines[1].strip() and not re.fullmatch(r"[=\-*~^#]{3,}", lines[1].strip()):
-        return None
-    return first if 0 < len(first) <= 120 else None
 
 
 def _digest(doc: Document) -> str:

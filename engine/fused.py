@@ -7,11 +7,12 @@ Same interface as :class:`engine.runner.ModelRunner`, built from the HF model's 
   * ``decode_batch``: the projections and MLP of every running request run as one matmul (decode is
     memory-bound: B tokens cost about as much as one), attention per request over its own KV,
   * ``weights="int8"``: every Linear and the lm_head as per-channel int8 (engine.quant), whose
-    matmul is row-independent, so no row padding is needed for exact reuse or batch invariance;
+    integer matmul is exact, so a row's result depends on that row alone at any row count;
     the lm_head's best candidates are rescored with the float weights.
 Supported: llama / mistral (no sliding window) / qwen2 style layers (RMSNorm, RoPE via the model's own
 rotary module, SiLU-gated MLP, optional q/k/v and o_proj biases). Anything else uses the generic
-ModelRunner. Prefill runs engine.prefill_shapes' shapes, so reusing cached KV is exact.
+ModelRunner. Prefill runs engine.prefill_shapes' shapes (float matmuls and attention as calibrated row
+tiles, engine.row_tiles), so reusing cached KV is exact.
 """
 
 from __future__ import annotations
@@ -26,22 +27,17 @@ import torch.nn.functional as F
 from engine.config import WeightsFormat
 from engine.kv.codec import KVCodec
 from engine.kv.state import KVBuffer
-from engine.prefill_shapes import (
-    aligned_keys,
-    calibrate_query_rows,
-    key_block_spans,
-    prefill_mask,
-    prefill_rows,
-    query_rows,
-)
+from engine.prefill_shapes import QUERY_ROWS, aligned_keys, attention_menu, key_block_spans, prefill_mask
 from engine.quant.linear import Int8Weight, int8_linear, rescore_top
 from engine.quant.model import int8_model
+from engine.row_tiles import BASE_MENU, TILE, TileMenu, linear_menu, round_up, tiled_linear
 from engine.runner import prefix_reuse_blocker
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
 WEIGHTS_FORMATS: tuple[str, ...] = get_args(WeightsFormat)
 Weight = torch.Tensor | Int8Weight  # a Linear weight [out, in]: float, or packed int8
-_Span = tuple[int, int, int, torch.Tensor | None]  # query rows [start, end), keys they read, mask
+# one attention call of a prefill: first query row, real rows, tile rows, keys read, mask [tile, keys]
+_AttentionCall = tuple[int, int, int, int, torch.Tensor]
 
 
 def fused_unsupported_reason(model: Any) -> str | None:
@@ -68,24 +64,6 @@ def fused_unsupported_reason(model: Any) -> str | None:
     if any(not hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
         return "unexpected attention projections"
     return None
-
-
-def calibrate_row_padding(weight: torch.Tensor, limit: int = 16) -> list[int]:
-    """For each row count m < limit, the smallest m' >= m whose matmul rows equal a large batch's.
-
-    BLAS picks a different kernel for a few rows (GEMV for 1, special cases for 2-3, ...) whose rounding
-    differs from the blocked GEMM. Padding every matmul's rows to an "invariant" count makes a token's
-    result independent of how many other rows share the call: decode of 8 concurrent requests equals
-    8 sequential decodes bit for bit. (Prefill calls use engine.prefill_shapes' padding instead.)
-    """
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(64, weight.shape[1], generator=gen).to(weight.dtype)
-    reference = F.linear(x, weight)
-    invariant = [m for m in range(1, limit) if torch.equal(F.linear(x[:m], weight), reference[:m])]
-    table = []
-    for m in range(limit):
-        table.append(next((c for c in invariant if c >= m), limit) if m else 0)
-    return table
 
 
 def _fused_parameter(modules: list[Any], name: str) -> torch.Tensor:
@@ -179,23 +157,21 @@ class FusedLlamaRunner:
         if weights == "int8":
             self.exact_head = (self.final_norm, model.lm_head.weight)
             self.layers, self.final_norm, self.lm_head = self._int8(model, tokenizer)
-            self.row_padding: list[int] = []  # the int8 matmul is row-independent: nothing to pad
         else:
             self.layers = [self._fuse(layer) for layer in inner.layers]
             self.lm_head = model.lm_head.weight
-            wqkv = self.layers[0].wqkv
-            assert isinstance(wqkv, torch.Tensor)
-            # prefill calls always run prefill_shapes' padded shapes, so reuse of cached KV is exact;
-            # decode only when batch_invariant (a 1-row GEMV is much faster than the padded GEMM)
-            self.row_padding = calibrate_row_padding(wqkv)
-        self.batch_invariant = batch_invariant
-        self.decode_padding = self.row_padding if batch_invariant else []
-        # batch_invariant decode attends in a prefill's shapes: its KV equals a prefill's
-        self.decode_query_rows = (
-            calibrate_query_rows(self.heads, self.kv_heads, self.head_dim, self.dtype, self.scale)
-            if batch_invariant
-            else 1
+        # float matmuls of TILE rows or more run as calibrated tiles (a prefill always has that many);
+        # decode runs its B rows as they are (a GEMV is much faster), unless batch_invariant
+        self.menus: dict[tuple[int, int], TileMenu] = {}
+        for w in (self.layers[0].wqkv, self.layers[0].wo, self.layers[0].wgu, self.layers[0].wdown):
+            if isinstance(w, torch.Tensor):
+                self.menus[tuple(w.shape)] = linear_menu(w.shape[1], w.shape[0], w.dtype)
+        self.attention_tiles = attention_menu(
+            self._attend, self.heads, self.kv_heads, self.head_dim, self.dtype, self.scale
         )
+        # batch_invariant decode runs a prefill's shapes (TILE matmul rows, one query tile over full
+        # key blocks): a token never depends on its batch mates, and its KV equals a prefill's
+        self.batch_invariant = batch_invariant
         # K/V are rounded through the cache's storage format before attention, on every path
         self.kv_codec = kv_codec
         self._kv_round = kv_codec.round if kv_codec is not None and not kv_codec.identity else None
@@ -261,12 +237,14 @@ class FusedLlamaRunner:
         return int8 + sum(tensors.values())
 
     # ---- building blocks --------------------------------------------------------------------
-    @staticmethod
-    def _linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
         # every projection and the lm_head go through here: x [T, in] -> [T, out]
         if isinstance(weight, Int8Weight):
             return int8_linear(x, weight, bias)
-        return F.linear(x, weight, bias)
+        if x.shape[0] < TILE:  # decode's few rows: no row-exactness is promised there
+            return F.linear(x, weight, bias)
+        # the lm_head has no menu: it only ever runs one tile of rows (or decode's few)
+        return tiled_linear(x, weight, self.menus.get(tuple(weight.shape), BASE_MENU), bias)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         h = x.float()
@@ -307,10 +285,6 @@ class FusedLlamaRunner:
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, R, D]
         if r == 1 and mask is None and keys.shape[2] == past + 1:  # one query over exactly its keys
             out = F.scaled_dot_product_attention(qh, keys, values, scale=self.scale, enable_gqa=True)
-        elif past == 0 and mask is None:  # top-left causal: query i sees keys 0..i
-            out = F.scaled_dot_product_attention(
-                qh, keys, values, is_causal=True, scale=self.scale, enable_gqa=True
-            )
         else:  # causal with an offset: query i sees keys 0..past + i
             if mask is None:
                 mask = prefill_mask(r, past, keys.shape[2], q.device)
@@ -319,26 +293,28 @@ class FusedLlamaRunner:
             )
         return out[0].transpose(0, 1).reshape(r, -1)
 
-    def _spans(self, past: int, s: int, keys_end: int) -> list[_Span]:
-        """How a prefill call's ``s`` queries attend: from position 0 one top-left causal call, else one
-        masked call per key block the queries' positions fall in (see engine.prefill_shapes)."""
-        if past == 0:
-            return [(0, s, keys_end, None)]
-        return [
-            (a, b, keys, prefill_mask(query_rows(b - a), past + a, keys, self.device))
-            for a, b, keys in key_block_spans(past, s)
-        ]
+    def _attention_calls(self, past: int, s: int) -> list[_AttentionCall]:
+        """How a prefill call's ``s`` queries attend: per key block their positions fall in, query
+        tiles from the attention menu, each under an explicit mask (see engine.prefill_shapes)."""
+        calls = []
+        for a, b, keys in key_block_spans(past, s):
+            start = a
+            for size in self.attention_tiles.plan(b - a):
+                real = min(size, b - start)
+                calls.append((start, real, size, keys, prefill_mask(size, past + start, keys, self.device)))
+                start += real
+        return calls
 
-    def _attend_spans(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, spans: list[_Span]
+    def _attend_tiles(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, calls: list[_AttentionCall]
     ) -> torch.Tensor:
-        # q: [R, H, D] -> [R, H*D]: each span's rows padded to whole query blocks; rows past the
-        # spans (matmul padding) attend to nothing
+        # q: [R, H, D] -> [R, H*D]: each tile's real rows, padded; rows past the calls (matmul
+        # padding) attend to nothing
         out = q.new_zeros(q.shape[0], self.heads * self.head_dim)
-        for start, end, n, mask in spans:
-            rows = self._pad_rows(q[start:end], query_rows(end - start))
+        for start, real, size, n, mask in calls:
+            rows = self._pad_rows(q[start : start + real], size)
             attn = self._attend(rows, keys[:, :, :n], values[:, :, :n], past + start, mask)
-            out[start:end] = attn[: end - start]
+            out[start : start + real] = attn[:real]
         return out
 
     def _attn_out(self, layer: _Layer, attn: torch.Tensor) -> torch.Tensor:
@@ -358,9 +334,9 @@ class FusedLlamaRunner:
         cos, sin = self.rotary(self.embed[:1], positions.unsqueeze(0))
         return cos[0].unsqueeze(1), sin[0].unsqueeze(1)
 
-    def _rows(self, n: int, table: Sequence[int] | None = None) -> int:
-        table = self.row_padding if table is None else table
-        return table[n] if n < len(table) else n
+    def _decode_rows(self, batch: int) -> int:
+        """Matmul rows a decode step of ``batch`` tokens runs (whole tiles when batch_invariant)."""
+        return round_up(batch, TILE) if self.batch_invariant else batch
 
     def _padded_ids(self, token_ids: Sequence[int], rows: int) -> torch.Tensor:
         ids = list(token_ids)
@@ -388,6 +364,10 @@ class FusedLlamaRunner:
             logits = rescore_top(logits, self._norm(x, norm), head)
         return logits
 
+    def last_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Float32 logits ``[vocab]`` of the last row of ``x``, computed as one tile."""
+        return self._logits(self._pad_rows(x[-1:], TILE))[0]
+
     # ---- forward passes ---------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], buffer: KVBuffer) -> torch.Tensor:
@@ -406,24 +386,22 @@ class FusedLlamaRunner:
         keys_end = aligned_keys(past + s)
         buffer.reserve(keys_end)
         self._clear_key_padding(buffer, past + s, keys_end)
-        ids = self._padded_ids(token_ids, prefill_rows(s))  # [R] rows, the real ones first
+        ids = self._padded_ids(token_ids, round_up(s, TILE))  # [R] rows, the real ones first
         x = F.embedding(ids, self.embed)  # [R, hidden]
         positions = torch.arange(past, past + len(ids), device=self.device)
         cos, sin = self._rotary(positions)
-        spans = self._spans(past, s, keys_end)
+        calls = self._attention_calls(past, s)
         k_store, v_store = buffer.stores()
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             k, v = self.round_kv(k[:s], v[:s])
             k_store[i, 0, :, past : past + s] = k[:s].transpose(0, 1)
             v_store[i, 0, :, past : past + s] = v[:s].transpose(0, 1)
-            attn = self._attend_spans(
-                q, k_store[i, :, :, :keys_end], v_store[i, :, :, :keys_end], past, spans
-            )
+            attn = self._attend_tiles(q, k_store[i, :, :, :keys_end], v_store[i, :, :, :keys_end], past, calls)
             x = x + self._attn_out(layer, attn)
             x = x + self._mlp(layer, x)
         buffer.set_length(past + s)
-        return self._logits(self._pad_rows(x[s - 1 : s], self._rows(1)))[0]
+        return self.last_logits(x[:s])
 
     def prefill(self, token_ids: Sequence[int], buffer: KVBuffer) -> torch.Tensor:
         return self.forward(token_ids, buffer)
@@ -449,11 +427,11 @@ class FusedLlamaRunner:
             if exact:
                 self._clear_key_padding(b, p + 1, end)
         batch = len(token_ids)
-        ids = self._padded_ids(token_ids, self._rows(batch, self.decode_padding))  # [B'] >= B rows
+        ids = self._padded_ids(token_ids, self._decode_rows(batch))  # [B'] >= B rows
         x = F.embedding(ids, self.embed)  # [B', hidden]
         positions = torch.tensor(pasts + [0] * (len(ids) - batch), device=self.device)
         cos, sin = self._rotary(positions)
-        rows = self.decode_query_rows
+        rows = QUERY_ROWS if exact else 1
         masks = [prefill_mask(rows, p, end, self.device) if exact else None for p, end in zip(pasts, ends)]
         stores = [b.stores() for b in buffers]
         for i, layer in enumerate(self.layers):

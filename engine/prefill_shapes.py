@@ -4,22 +4,24 @@ A token's keys, values and logits must not depend on how its prompt was split in
 cached prefix and a suffix, prefill chunks, a prompt of another length that shares the prefix), or
 reusing cached KV would change the model's output. On CPU three parts of a forward pass round
 differently depending on the call's shape:
-  * matmul rows: BLAS runs a handful of rows through other kernels than a large batch of them;
-  * query blocks: torch's flash-attention kernel multiplies a block of one to three query rows by
-    another GEMM path than a larger block;
-  * key blocks: the kernel walks the keys in blocks of 512, and in the last, shorter block it takes
+  * matmul rows: BLAS and oneDNN choose kernels and thread splits by the row count; every matmul of
+    a prefill runs as tiles whose sizes give each row the same bits (``engine.row_tiles``);
+  * query rows: torch's flash-attention kernel cuts a call's queries into blocks whose size depends
+    on the call's query count, and multiplies each block by a GEMM of that many rows; the queries of
+    an attention call run as tiles too (:func:`attention_menu`), padding rows after the real ones;
+  * key blocks: the kernel walks the keys in blocks of 512, and in a last, shorter block it takes
     ``exp`` of the last ``length % vector width`` keys with a scalar routine and BLAS splits the
-    ``probabilities @ values`` sum by the block's length, so a query's result depends on the call's
-    total key count.
-So a prefill call runs at least ``QUERY_ROWS`` matmul rows, and each attention call a multiple of
-``QUERY_ROWS`` query rows (padding rows after the real ones, never read back) over a multiple of
-``KEY_BLOCK`` keys (the extra keys are finite and masked): every query meets full query blocks and
-only full 512-key blocks, whatever the split. Rows are grouped by the key block their position falls
-in (``key_block_spans``) so that each group reads only the blocks it can see.
+    ``probabilities @ values`` sum by the block's length, so a query's result would depend on the
+    call's total key count.
+So every attention call of a prefill runs a multiple of ``KEY_BLOCK`` keys (the extra keys are finite
+and masked) under an explicit causal mask, never the kernel's own causal path, whose last key block
+is as short as the query's position: every query meets only full 512-key blocks, whatever the split.
+Rows are grouped by the key block their position falls in (``key_block_spans``) so that each group
+reads only the blocks it can see.
 
 Example:
-    >>> prefill_rows(1), query_rows(17), aligned_keys(1000)
-    (16, 32, 1024)
+    >>> query_rows(17), aligned_keys(1000)
+    (32, 1024)
     >>> key_block_spans(past=1000, tokens=100)
     [(0, 24, 1024), (24, 100, 1536)]
     >>> prefill_mask(rows=2, past=3, keys=8).int().tolist()
@@ -28,23 +30,30 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-QUERY_ROWS = 16  # query rows per prefill call: a multiple of this (matmul rows and query blocks)
+from engine.row_tiles import TILE, TileMenu, cached_menu, calibrate, problem_rows, round_up
+
+QUERY_ROWS = TILE  # query rows per attention tile, and the fewest matmul rows a prefill call runs
 KEY_BLOCK = 512  # keys per attention call in a prefill: a multiple of the CPU kernel's key block
+ATTENTION_CANDIDATES = (32, 64, 128, 256, 512)  # a key-block span holds at most KEY_BLOCK queries
 
+__all__ = [
+    "KEY_BLOCK",
+    "QUERY_ROWS",
+    "aligned_keys",
+    "attention_menu",
+    "key_block_spans",
+    "prefill_mask",
+    "query_rows",
+    "round_up",
+]
 
-def round_up(n: int, multiple: int) -> int:
-    """The smallest multiple of ``multiple`` that is >= ``n``."""
-    return -(-n // multiple) * multiple
-
-
-def prefill_rows(tokens: int) -> int:
-    """Matmul rows a prefill call of ``tokens`` tokens runs (BLAS rounds fewer rows differently)."""
-    return max(tokens, QUERY_ROWS)
+# attend(queries [R, H, D], keys [1, KVH, K, D], values, past, mask [R, K]) -> [R, H * D]
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tensor]
 
 
 def query_rows(queries: int) -> int:
@@ -74,24 +83,27 @@ def prefill_mask(rows: int, past: int, keys: int, device: Any = "cpu") -> torch.
     return torch.ones(rows, keys, dtype=torch.bool, device=device).tril(diagonal=past)
 
 
-def calibrate_query_rows(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, scale: float) -> int:
-    """The fewest query rows whose attention result for the first row equals that row's in a full
-    ``QUERY_ROWS`` block: a single decoded token padded to this many rows attends as a prefill would.
+def attention_menu(
+    attend: Attend, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, scale: float
+) -> TileMenu:
+    """The query-tile menu of ``attend`` for this geometry on this machine (measured once per process):
+    the query counts whose every row equals its ``QUERY_ROWS``-row call's, over masked full key blocks."""
+    key = ("attention", heads, kv_heads, head_dim, dtype, scale)
+    return cached_menu(key, lambda: _calibrate_attention(attend, heads, kv_heads, head_dim, dtype))
 
-    The kernel runs blocks of one to three rows through another GEMM path; this finds where that ends.
-    """
+
+def _calibrate_attention(attend: Attend, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> TileMenu:
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(1, heads, QUERY_ROWS, head_dim, generator=gen).to(dtype)
-    k = torch.randn(1, kv_heads, KEY_BLOCK, head_dim, generator=gen).to(dtype)
-    v = torch.randn(1, kv_heads, KEY_BLOCK, head_dim, generator=gen).to(dtype)
-    past = KEY_BLOCK - QUERY_ROWS
+    rows = problem_rows(ATTENTION_CANDIDATES)
+    past = KEY_BLOCK  # the queries sit at positions past .. past + rows, their keys in later blocks
+    keys = aligned_keys(past + rows)
+    q = torch.randn(rows, heads, head_dim, generator=gen).to(dtype)
+    # keys/values as views into a longer store, as a KV buffer hands them out
+    k = torch.randn(1, kv_heads, 2 * keys, head_dim, generator=gen).to(dtype)[:, :, :keys]
+    v = torch.randn(1, kv_heads, 2 * keys, head_dim, generator=gen).to(dtype)[:, :, :keys]
 
-    def first_row(rows: int) -> torch.Tensor:
-        mask = prefill_mask(rows, past, KEY_BLOCK)
-        out = F.scaled_dot_product_attention(
-            q[:, :, :rows], k, v, attn_mask=mask, scale=scale, enable_gqa=heads != kv_heads
-        )
-        return out[:, :, 0]
+    def run(start: int, size: int) -> torch.Tensor:
+        return attend(q[start : start + size], k, v, past + start, prefill_mask(size, past + start, keys))
 
-    reference = first_row(QUERY_ROWS)
-    return next(r for r in range(1, QUERY_ROWS + 1) if torch.equal(first_row(r), reference))
+    with torch.inference_mode():
+        return calibrate(run, ATTENTION_CANDIDATES)

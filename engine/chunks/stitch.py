@@ -91,8 +91,7 @@ class StitchedPrefill:
             stats.recomputed_positions = picks
             x = self._layers(buffer, self._embed(prompt_ids, chosen), chosen, range(self.runner.num_layers))
         buffer.set_length(plan.total)
-        r = self.runner
-        return r._logits(r._pad_rows(x[-1:], r._rows(1)))[0], stats
+        return self.runner.last_logits(x), stats
 
     def _deviation(
         self,

@@ -1,7 +1,8 @@
 """The int8 copy of a Llama-family model: smoothed, quantized, cached once per model directory.
 
-For each layer: q/k/v (fused), o, gate/up (fused) and down as per-channel int8 (engine.quant.linear), with
-SmoothQuant's channel scales (engine.quant.smooth) folded into the two RMSNorm weights and the up
+For each layer: q/k/v (fused), o, gate/up (fused) and down as per-channel int8 (engine.quant.linear;
+down with a residual digit, as its rounding moves the model's answers most), with SmoothQuant's
+channel scales (engine.quant.smooth) folded into the two RMSNorm weights and the up
 projection's rows; the lm_head as int8 too, its smoothing folded into the final RMSNorm weight. The first load converts and writes the result under
 ``$PREFIXRAG_HOME/quantized`` (engine.quant.store) with a progress line; later loads read it back.
 The model's own weights are only read, never changed.
@@ -31,8 +32,9 @@ from engine.quant.smooth import (
 )
 from engine.quant.store import Spec, cache_path_for, load_or_build
 
-RECIPE = f"int8-v3 smoothquant alpha={ALPHA} calibration={','.join(CALIBRATION_TOPICS)}:{CALIBRATION_TOKENS}"
+RECIPE = f"int8-v4 residual-down smoothquant alpha={ALPHA} calibration={','.join(CALIBRATION_TOPICS)}:{CALIBRATION_TOKENS}"
 MATRICES = ("qkv", "o", "gate_up", "down")
+RESIDUAL = frozenset({"down"})  # matrices kept with a residual digit: their rounding moves answers most
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ def _spec(model: Any) -> Spec:
     spec: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
 
     def matrix(name: str, out: int, inp: int) -> None:
-        spec[f"{name}.q"] = (torch.int8, (out, inp))
+        digits = 2 if name.rsplit(".", 1)[-1] in RESIDUAL else 1
+        spec[f"{name}.q"] = (torch.int8, (digits * out, inp))
         spec[f"{name}.scale"] = (torch.float32, (out,))
 
     for i, layer in enumerate(model.model.layers):
@@ -139,5 +142,6 @@ def _layer_tensors(i: int, layer: Any, peaks: dict[str, torch.Tensor]) -> dict[s
         "down": lambda: wdown * s_down,
     }
     for name, weight in scaled.items():
-        tensors[f"layers.{i}.{name}.q"], tensors[f"layers.{i}.{name}.scale"] = quantize_rows(weight())
+        q, scale = quantize_rows(weight(), residual=name in RESIDUAL)
+        tensors[f"layers.{i}.{name}.q"], tensors[f"layers.{i}.{name}.scale"] = q, scale
     return tensors

@@ -1,0 +1,170 @@
+"""Row tiles: the call shapes a prefill's matmuls and attention run in, so that a token's result never
+depends on the call it was computed in.
+
+BLAS and oneDNN pick kernels, blockings and thread splits by a call's row count. On an Intel CPU with
+AMX, a float32 matmul of 57 to 192 rows over 1,536 inputs splits its sums across the two threads
+where 16 or 1,024 rows do not, and bfloat16's AMX kernels block 48 to 512 rows another way than 16,
+32 or 1,024: the same token then rounds differently in a cached suffix than in a full prefill. Which
+row counts share a path is a property of the library, the CPU and the thread count, so it is
+measured, not assumed: a :class:`TileMenu` holds the row counts (multiples of ``TILE``) whose every
+row equals the ``TILE``-row call's on seeded data, at several tile offsets; a call of ``R`` rows runs
+as a sequence of tiles from the menu (the last padded), the cover of least measured time. Every row
+then gets the ``TILE``-row result, wherever it stands and whatever shares the call with it. Menus are
+measured once per process for each (shape, dtype, threads) and kept.
+
+Example:
+    >>> menu = TileMenu(sizes=(16, 64), seconds=(1.0, 2.0))
+    >>> menu.plan(100)  # 112 rows as 64 + 64 (cost 4) beats 64 + 16 + 16 + 16 (cost 5)
+    (64, 64)
+    >>> menu.plan(20)
+    (16, 16)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+TILE = 16  # the base tile: every other menu size must give its rows the same bits
+CANDIDATES = (32, 64, 128, 256, 512, 1024)  # other call sizes a menu may admit
+_OFFSETS = (0, TILE, 3 * TILE)  # tile starts at which a candidate must reproduce the base rows
+# what else decides a kernel's path: the environment variables that narrow each library's ISA
+_ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
+
+
+def round_up(n: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` that is >= ``n``."""
+    return -(-n // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class TileMenu:
+    """The call sizes (rows) that give every row the base tile's result, and the time each call takes.
+
+    Example:
+        >>> TileMenu(sizes=(16, 32, 1024), seconds=(1e-4, 1.5e-4, 2e-3)).plan(500)
+        (1024,)
+    """
+
+    sizes: tuple[int, ...]  # ascending, sizes[0] == TILE
+    seconds: tuple[float, ...]  # one call of each size
+
+    def __post_init__(self) -> None:
+        assert self.sizes and self.sizes[0] == TILE and len(self.sizes) == len(self.seconds)
+
+    @property
+    def largest(self) -> int:
+        return self.sizes[-1]
+
+    def plan(self, rows: int) -> tuple[int, ...]:
+        """Tile sizes, largest first, whose sum covers ``rows`` at the least total time."""
+        return _cover(self, max(rows, 1) // TILE + (max(rows, 1) % TILE > 0))
+
+    def padded(self, rows: int) -> int:
+        """Rows a call of ``rows`` runs, padding included."""
+        return sum(self.plan(rows))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cover(menu: TileMenu, units: int) -> tuple[int, ...]:
+    """The cheapest multiset of menu sizes covering ``units`` base tiles (a small knapsack)."""
+    best: list[tuple[float, tuple[int, ...]]] = [(0.0, ())]
+    for u in range(1, units + 1):
+        options = []
+        for size, cost in zip(menu.sizes, menu.seconds):
+            prev_cost, prev = best[max(0, u - size // TILE)]
+            options.append((prev_cost + cost, (size, *prev)))
+        best.append(min(options, key=lambda o: (o[0], len(o[1]))))
+    return tuple(sorted(best[units][1], reverse=True))
+
+
+def problem_rows(candidates: tuple[int, ...] = CANDIDATES) -> int:
+    """Rows the seeded problem given to :func:`calibrate` must have."""
+    return _OFFSETS[-1] + max(candidates)
+
+
+def calibrate(run: Callable[[int, int], torch.Tensor], candidates: tuple[int, ...] = CANDIDATES) -> TileMenu:
+    """The menu for one operation. ``run(start, size)`` computes rows ``[start, start + size)`` of one
+    fixed seeded problem of ``problem_rows(candidates)`` rows as one call (rows on axis 0)."""
+    base_times: list[float] = []
+    base = torch.cat([_timed(run, s, TILE, base_times) for s in range(0, problem_rows(candidates), TILE)])
+    sizes, seconds = [TILE], [min(base_times)]
+    for size in candidates:
+        times: list[float] = []
+        if all(torch.equal(_timed(run, o, size, times), base[o : o + size]) for o in _OFFSETS):
+            sizes.append(size)
+            seconds.append(min(times))  # the least of a few runs: a busy machine only adds time
+    return TileMenu(tuple(sizes), tuple(seconds))
+
+
+def _timed(run: Callable[[int, int], torch.Tensor], start: int, size: int, times: list[float]) -> torch.Tensor:
+    t0 = time.perf_counter()
+    out = run(start, size)
+    times.append(time.perf_counter() - t0)
+    return out
+
+
+def path_key() -> tuple[object, ...]:
+    """What decides which kernels run: thread count and the ISA-narrowing environment."""
+    return (torch.get_num_threads(), *(os.environ.get(name, "") for name in _ISA_ENV))
+
+
+BASE_MENU = TileMenu(sizes=(TILE,), seconds=(1.0,))  # base tiles only: exact anywhere, never measured
+_menus: dict[tuple[object, ...], TileMenu] = {}
+_menus_lock = threading.Lock()
+
+
+def linear_menu(in_features: int, out_features: int, dtype: torch.dtype) -> TileMenu:
+    """The menu of a float ``[out, in]`` Linear of this dtype on this machine (measured once)."""
+    key = ("linear", in_features, out_features, dtype)
+    return cached_menu(key, lambda: _calibrate_linear(in_features, out_features, dtype))
+
+
+def _calibrate_linear(in_features: int, out_features: int, dtype: torch.dtype) -> TileMenu:
+    gen = torch.Generator().manual_seed(0)
+    rows = problem_rows()
+    weight = (torch.randn(out_features, in_features, generator=gen) / in_features**0.5).to(dtype)
+    x = torch.randn(rows, in_features, generator=gen).to(dtype)
+    with torch.inference_mode():
+        return calibrate(lambda start, size: F.linear(x[start : start + size], weight))
+
+
+def cached_menu(key: tuple[object, ...], measure: Callable[[], TileMenu]) -> TileMenu:
+    """A menu kept per process under ``key`` (plus the path key), measured on first use."""
+    full = (*key, *path_key())
+    with _menus_lock:
+        menu = _menus.get(full)
+        if menu is None:
+            menu = _menus[full] = measure()
+    return menu
+
+
+def tiled_linear(
+    x: torch.Tensor, weight: torch.Tensor, menu: TileMenu, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x [R, in] @ weight.T`` as calls of the menu's sizes: row i depends on ``x[i]`` alone.
+
+    The bias is added afterwards, elementwise, so it never enters a kernel's accumulation.
+    """
+    rows = x.shape[0]
+    plan = menu.plan(rows)
+    total = sum(plan)
+    if total > rows:
+        x = torch.cat([x, x.new_zeros(total - rows, x.shape[1])])
+    if len(plan) == 1:
+        out = F.linear(x, weight)
+    else:
+        parts, start = [], 0
+        for size in plan:
+            parts.append(F.linear(x[start : start + size], weight))
+            start += size
+        out = torch.cat(parts)
+    out = out[:rows]
+    return out if bias is None else out + bias

@@ -108,6 +108,7 @@ def sampling_params(
             stop=stop,
             seed=req.seed,
             repetition_penalty=req.repetition_penalty or 1.0,
+            ignore_eos=req.ignore_eos,
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc

@@ -70,8 +70,9 @@ async def chat_frames(
     include_usage: bool,
     sources: list[SourceOut] | None = None,
 ) -> AsyncGenerator[str, None]:
-    """OpenAI chat.completion.chunk frames: role first (with ``sources`` for a rag chat), content
-    deltas, finish, [usage], [DONE]."""
+    """OpenAI chat.completion.chunk frames: the first token's content with the role (and ``sources``
+    for a rag chat), content deltas, finish, [usage: empty choices], [DONE]. Nothing is sent before
+    the first token exists, so a client's first chunk marks its time to first token."""
 
     def chunk(
         delta: Delta | None,
@@ -86,9 +87,12 @@ async def chat_frames(
         leave_out = ({"usage"} if not include_usage else set()) | ({"sources"} if sources is None else set())
         return data(body.model_dump(exclude=leave_out))
 
-    yield chunk(Delta(role="assistant", content=""), sources=sources)
+    first = True
     async for ev in gen.events():
-        if ev.text:
+        if first:  # the role rides with the first token: tools time the first chunk as TTFT
+            yield chunk(Delta(role="assistant", content=ev.text), sources=sources)
+            first = False
+        elif ev.text:
             yield chunk(Delta(content=ev.text))
         if ev.result is not None:
             yield chunk(Delta(), finish=finish_reason(ev.finish_reason))
@@ -101,15 +105,18 @@ async def chat_frames(
 async def completion_frames(
     gen: Generation, *, chunk_id: str, created: int, model: str, include_usage: bool
 ) -> AsyncGenerator[str, None]:
-    """OpenAI text_completion frames: text deltas, finish, [usage], [DONE]."""
+    """OpenAI text_completion frames: the first token's text (at its time, also when empty), text
+    deltas, finish, [usage: empty choices], [DONE]."""
 
     def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
         body = Completion(id=chunk_id, created=created, model=model, choices=choices, usage=usage)
         return data(body.model_dump(exclude={"usage"} if not include_usage else set()))
 
+    first = True
     async for ev in gen.events():
-        if ev.text:
+        if ev.text or first:  # the first token's chunk goes out even while its text is held back
             yield chunk([CompletionChoice(text=ev.text)])
+            first = False
         if ev.result is not None:
             yield chunk([CompletionChoice(text="", finish_reason=finish_reason(ev.finish_reason))])
             if include_usage:

@@ -64,6 +64,11 @@ class SamplingFields(RequestModel):
     # extensions (vLLM's names)
     top_k: Int | None = Field(default=None, ge=-1, description="extension: top-k sampling (0 or -1: off)")
     repetition_penalty: Float | None = Field(default=None, ge=0.01, le=10, description="extension")
+    ignore_eos: Bool = Field(
+        default=False,
+        description="extension: keep generating past the end-of-sequence token, to exactly max_tokens "
+        "(stop strings still apply); what benchmark clients send",
+    )
     cache_salt: str | None = Field(
         default=None,
         max_length=256,

@@ -15,6 +15,7 @@ from engine.chunks.reuse import (
     RecomputeStrategy,
     ReuseMode,
 )
+from engine.dtype import DType
 from engine.kv.codec import KVDType
 from engine.models import DEFAULT_MODEL
 from prefix_cache import CacheConfig
@@ -34,7 +35,11 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model: str = DEFAULT_MODEL
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: DType = Field(
+        default="auto",
+        description="compute dtype: 'auto' (bfloat16 where the CPU has AMX-BF16 or AVX512-BF16, else "
+        "float32; engine.stats()['dtype'] says which and why), 'float32' or 'bfloat16'",
+    )
     cache_bytes: int = Field(
         default=1 << 30, ge=0, description="prefix-cache byte budget; 0 disables caching"
     )

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -26,6 +26,7 @@ from engine.chunks.sources import RequestCancelled
 from engine.chunks.stitcher import ChunkStitcher, Stitched
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
+from engine.dtype import DType, choose_dtype, engine_dtype
 from engine.encoding import PromptInput, encode_prompt
 from engine.fused import FusedLlamaRunner, drop_float_linears, fused_unsupported_reason
 from engine.kv.block_pool import KVBlockPool
@@ -76,6 +77,7 @@ class Engine:
         self.model_id = model_id
         self.tokenizer = tokenizer
         self.kv_codec = make_codec(self.config.kv_dtype, compute_dtype(model))
+        self.dtype = engine_dtype(self.config.dtype, str(compute_dtype(model)).removeprefix("torch."))
         self.kv_geometry = KVGeometry.from_config(model.config)
         self.runner = _make_runner(model, tokenizer, self.config, self.kv_codec)
         self.caching = self.config.enable_prefix_cache and self.config.cache_bytes > 0
@@ -126,7 +128,7 @@ class Engine:
         model: str = DEFAULT_MODEL,
         *,
         cache_bytes: int = 1 << 30,
-        dtype: Literal["float32", "bfloat16"] = "float32",
+        dtype: DType = "auto",
         enable_prefix_cache: bool = True,
         **options: Any,
     ) -> Engine:
@@ -142,7 +144,7 @@ class Engine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
-        loaded = load_model(config.model, dtype=config.dtype)
+        loaded = load_model(config.model, dtype=choose_dtype(config.dtype).dtype)
         engine = cls(loaded.model, loaded.tokenizer, model_id=loaded.model_id, config=config)
         if config.weights == "int8":  # this engine owns the model; its runner computes with int8 copies
             drop_float_linears(loaded.model)
@@ -344,6 +346,7 @@ class Engine:
         return {
             "model": self.model_id,
             "weights": self.config.weights,
+            "dtype": self.dtype.to_dict(),
             "weight_bytes": _weight_bytes(self.runner),
             "caching": self.caching,
             "waiting": len(self.scheduler),
@@ -353,7 +356,7 @@ class Engine:
             "kv_slabs": self.kv_blocks.stats() if self.kv_blocks is not None else None,
             "cache": cache.to_dict() if hasattr(cache, "to_dict") else vars(cache),
             "kv": {
-                "kv_dtype": self.config.kv_dtype,
+                "kv_dtype": self.kv_codec.name,  # as stored: 'float32' (no rounding) is the compute dtype
                 "bytes_per_token": self.kv_codec.bytes_per_token(self.kv_geometry),
             },
             "disk": self.disk.stats() if self.disk is not None else None,

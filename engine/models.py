@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.dtype import choose_dtype
 from engine.kv.codec import KVGeometry
 from engine.paths import prefixrag_home
 
@@ -204,9 +205,12 @@ def load_model(model: str | os.PathLike[str] = DEFAULT_MODEL, dtype: str = "floa
 
 
 def parse_dtype(dtype: str) -> Any:
-    """'float32' | 'bfloat16' -> torch dtype, with a clear error for anything else."""
+    """'float32' | 'bfloat16' | 'auto' (engine.dtype.choose_dtype) -> torch dtype, with a clear error
+    for anything else."""
     import torch
 
+    if str(dtype).lower() == "auto":
+        dtype = choose_dtype("auto").dtype
     allowed = {
         "float32": torch.float32,
         "fp32": torch.float32,
@@ -216,7 +220,7 @@ def parse_dtype(dtype: str) -> Any:
     try:
         return allowed[str(dtype).lower()]
     except KeyError:
-        raise ValueError(f"unsupported dtype {dtype!r}; use 'float32' or 'bfloat16'") from None
+        raise ValueError(f"unsupported dtype {dtype!r}; use 'auto', 'float32' or 'bfloat16'") from None
 
 
 def load_tokenizer(model: str | os.PathLike[str] = DEFAULT_MODEL) -> Any:

@@ -23,6 +23,7 @@ COLLECTION_HELP = "the collection to add to (default: 'default'); e.g. 'shared',
 # answer that changes with a speed flag is opt-in
 APP_WEIGHTS = "float32"
 WEIGHTS_HELP = "Linear weights: float32, or int8 (quantized once, cached; approximate, fused runner only)"
+DTYPE_HELP = "compute dtype: auto (bfloat16 where the CPU has AMX-BF16 or AVX512-BF16, else float32), float32 or bfloat16"
 
 
 def _quiet_libraries() -> None:
@@ -199,6 +200,7 @@ def demo(
     ),
     questions: int = typer.Option(None, "--questions", min=1, help="ask only the first N demo questions"),
     weights: str = typer.Option(APP_WEIGHTS, "--weights", help=WEIGHTS_HELP),
+    dtype: str = typer.Option("auto", "--dtype", help=DTYPE_HELP),
 ) -> None:
     """Ingest the bundled Python reference, ask questions twice, show cold vs warm TTFT and cache hits."""
     from pydantic import ValidationError
@@ -208,7 +210,7 @@ def demo(
     from rag.demo import DEMO_QUESTIONS, DEMO_REPHRASED, default_demo_index, run_demo
 
     try:
-        engine = EngineConfig(model=model, weights=weights)  # type: ignore[arg-type]
+        engine = EngineConfig(model=model, weights=weights, dtype=dtype)  # type: ignore[arg-type]
     except ValidationError as exc:
         console.print(f"[red]invalid settings:[/] {exc}")
         raise typer.Exit(2) from exc
@@ -236,11 +238,15 @@ def serve(
     weights: str = typer.Option(
         None, "--weights", help=f"{WEIGHTS_HELP} (env PREFIXRAG_ENGINE__WEIGHTS; default {APP_WEIGHTS})"
     ),
+    dtype: str = typer.Option(
+        None, "--dtype", help=f"{DTYPE_HELP} (env PREFIXRAG_ENGINE__DTYPE; default auto)"
+    ),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     """Serve the HTTP API (OpenAI-compatible routes, /v1/ask, documents, metrics) and the web page."""
     from pydantic import ValidationError
 
+    from engine.dtype import choose_dtype
     from rag.api.server import serve as run_server
     from rag.api.settings import Settings
 
@@ -248,6 +254,8 @@ def serve(
     engine: dict[str, Any] = {"model": model} if model else {}  # merged into PREFIXRAG_ENGINE__* values
     if weights:
         engine["weights"] = weights
+    if dtype:
+        engine["dtype"] = dtype
     overrides["engine"] = _app_engine(engine)
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -260,8 +268,10 @@ def serve(
         raise typer.Exit(2) from exc
     settings = settings.with_disk_cache_default()
     disk = settings.engine.disk_cache_dir
+    chosen = choose_dtype(settings.engine.dtype)
     console.print(
-        f"serving [bold]{settings.engine.model}[/] ({settings.engine.weights} weights) on "
+        f"serving [bold]{settings.engine.model}[/] ({settings.engine.weights} weights, {chosen.dtype}: "
+        f"{chosen.reason}) on "
         f"http://{settings.host}:{settings.port} (index {settings.index_dir}; "
         f"disk KV tier {disk if disk is not None else 'off'})"
     )

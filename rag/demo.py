@@ -106,13 +106,19 @@ def run_demo(
             f"{cache.get('cached_tokens', 0):,} tokens held in {cache.get('used_bytes', 0) / 2**20:.0f} MiB "
             f"({kv.get('bytes_per_token', 0):,} bytes per token, {kv.get('kv_dtype', '?')} KV)\n"
             f"{stats.get('weights', config.engine.weights)} weights, "
-            f"{stats.get('weight_bytes', 0) / 2**20:.0f} MiB in memory",
+            f"{stats.get('weight_bytes', 0) / 2**20:.0f} MiB in memory, computing in "
+            f"{_dtype_line(stats.get('dtype'))}",
             title="prefix cache",
         )
     )
     chunked = [a for _, run, a in rows if run == "chunks"]
     if chunked:
         console.print(chunks_panel(chunked, cold))
+
+
+def _dtype_line(choice: dict[str, str] | None) -> str:
+    """The engine's compute dtype and why (a remote engine does not say)."""
+    return f"{choice['dtype']} ({choice['reason']})" if choice else "the remote server's dtype"
 
 
 def chunks_panel(answers: list[Answer], cold_ms: float) -> Panel:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import torch
 
 from engine.config import EngineConfig
+from engine.dtype import cpu_bf16_flags
 from engine.engine import Engine
 from engine.models import DEFAULT_MODEL, load_model
 from engine.sampling import SamplingParams
@@ -246,16 +247,6 @@ def batched_decode(engine: Engine, prompts: list[Any], n: int, batch_sizes: Sequ
             "ms_per_token_per_request": _median([1000 * r.tpot_s for r in results]),
         }
     return rows
-
-
-def cpu_bf16_flags() -> dict[str, bool]:
-    """Whether this CPU has bfloat16 instructions (AVX-512 BF16, AMX BF16), from /proc/cpuinfo (Linux)."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            flags = next((line.split(":", 1)[1].split() for line in fh if line.startswith("flags")), [])
-    except OSError:
-        flags = []
-    return {"avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags}
 
 
 def compare_dtypes(

@@ -33,6 +33,8 @@ def test_server_info_states_the_limits(server, engine, path):
     assert info["served_model_name"] == engine.model_id
     assert info["state"] == "ready" and info["dp_size"] == 1 and info["max_running_requests"] == 7
     assert info["prefix_caching"] is True and info["cache_bytes"] == engine.config.cache_bytes
+    assert info["dtype"] == engine.stats()["dtype"] and info["dtype"]["dtype"] in ("float32", "bfloat16")
+    assert info["dtype"]["reason"]  # the session's model is float32: the reason names the caller
     assert "model_path" not in info
 
 

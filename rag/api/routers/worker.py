@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from engine.dtype import DTypeChoice
 from rag.api.deps import ServicesDep
 from rag.api.services import Services
 from rag.api.version import package_version
@@ -45,7 +46,8 @@ async def server_info(services: ServicesDep) -> dict[str, Any]:
     """Server limits and state (SGLang's ``/get_server_info`` names where one applies).
 
     ``prefix_caching`` is what the loaded engine decided (it turns caching off for models whose KV
-    cannot be reused exactly, whatever the settings ask), null while the model loads.
+    cannot be reused exactly, whatever the settings ask), ``dtype`` the dtype it computes in and why;
+    both null while the model loads.
     """
     settings = services.settings
     engine = services.engine
@@ -57,7 +59,14 @@ async def server_info(services: ServicesDep) -> dict[str, Any]:
         "max_running_requests": settings.max_inflight,
         "prefix_caching": None if engine is None else bool(getattr(engine, "caching", False)),
         "cache_bytes": settings.engine.cache_bytes,
+        # the compute dtype the loaded engine runs and why ("auto" resolves per CPU); null while loading
+        "dtype": _engine_dtype(engine),
     }
+
+
+def _engine_dtype(engine: Any) -> dict[str, str] | None:
+    choice = getattr(engine, "dtype", None)  # a RemoteEngine-backed server has none
+    return choice.to_dict() if isinstance(choice, DTypeChoice) else None
 
 
 def _model_id(services: Services) -> str:

@@ -69,6 +69,13 @@ class EngineConfig(BaseModel):
         ge=16,
         description="prefill long prompts in chunks; cancellation takes effect between them",
     )
+    mixed_prefill_tokens: int = Field(
+        default=256,
+        ge=16,
+        description="while other requests decode, a prompt is prefilled in chunks of at most this many "
+        "tokens, one between each of their decode steps (continuous batching): a long prompt delays "
+        "a running stream's next token by one chunk's prefill, never by the whole prompt's",
+    )
     max_waiting: int = Field(default=256, ge=1, description="bounded queue; more raises QueueFullError")
     max_running: int = Field(
         default=8, ge=1, description="requests decoding concurrently (batched on 'fast')"

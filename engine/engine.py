@@ -2,9 +2,11 @@
 
 A request's life, top to bottom:
   submit ─► Scheduler (longest cached prefix first, with aging)
-         ─► _start:   match (capped at len-1) ─► lock ─► load cached KV ─► prefill the suffix
-                      (chunks mode: the exact part, then the stitched chunks, engine.chunks.stitcher)
-                      ─► first token (TTFT) ─► insert the prompt's exact KV
+         ─► _start:   match (capped at len-1) ─► lock ─► load cached KV
+         ─► _prefill_next, one chunk per engine step, between the running requests' decode steps
+                      (continuous batching: a long prompt delays a running stream's next token by at
+                      most one chunk) ─► the last chunk (chunks mode: then the stitched chunks,
+                      engine.chunks.stitcher) ─► first token (TTFT) ─► insert the prompt's exact KV
          ─► _advance: one decode step per running request per engine step (batched when the runner can)
          ─► _finish:  insert prompt+completion KV (the next turn hits) ─► unlock ─► final event
 """
@@ -102,6 +104,7 @@ class Engine:
         )
         self._chunks_fallback_logged = False
         self._running: list[Request] = []
+        self._prefilling: Request | None = None  # started, its prompt part way through prefill
         self._wakeup = threading.Condition()
         self._stopping = False
         self._worker: threading.Thread | None = None
@@ -119,6 +122,8 @@ class Engine:
             "chunk_prefill_tokens": 0,
             "prefill_s": 0.0,
             "decode_s": 0.0,
+            "prefill_chunks": 0,
+            "mixed_steps": 0,  # engine steps that ran a prefill chunk and a decode step
         }
 
     # ---- construction -------------------------------------------------------------------------
@@ -318,7 +323,7 @@ class Engine:
         """When a slot is likely to free up: the queue ahead, at the recent mean request duration."""
         finished = max(self._counters["finished"] + self._counters["cancelled"], 1)
         mean_s = (self._counters["prefill_s"] + self._counters["decode_s"]) / finished
-        ahead = len(self.scheduler) + len(self._running)
+        ahead = len(self.scheduler) + len(self._running) + (self._prefilling is not None)
         return float(min(max(1.0, ahead * mean_s / self.config.max_running), 60.0))
 
     def cached_prefix_length(
@@ -351,6 +356,7 @@ class Engine:
             "caching": self.caching,
             "waiting": len(self.scheduler),
             "running": len(self._running),
+            "prefilling": int(self._prefilling is not None),
             **self._counters,
             "buffer_pool_bytes": self.buffers.nbytes,
             "kv_slabs": self.kv_blocks.stats() if self.kv_blocks is not None else None,
@@ -386,13 +392,17 @@ class Engine:
 
     # ---- the worker loop ----------------------------------------------------------------------
     def step(self) -> None:
-        """One scheduling step: admit one waiting request (prefill, first token), then advance every
-        running request by one token."""
-        if len(self._running) < self.config.max_running:
+        """One scheduling step: start the best waiting request when no prompt is being prefilled and a
+        slot is free, prefill one chunk of that prompt, then advance every running request by one token."""
+        if self._prefilling is None and len(self._running) < self.config.max_running:
             request = self.scheduler.pop()
             if request is not None:
                 self._guarded(request, self._start)
+        prefilled, decoding = self._prefilling, bool(self._running)
+        if prefilled is not None:
+            self._guarded(prefilled, self._prefill_next)
         if self._running:
+            self._counters["mixed_steps"] += prefilled is not None and decoding
             self._advance_all()
 
     def _loop(self) -> None:
@@ -415,13 +425,14 @@ class Engine:
                     break
             self.step()
             untrimmed = True
-        for req in list(self._running):
+        for req in [*self._running, *([self._prefilling] if self._prefilling else [])]:
             self._fail(req, EngineError("engine closed"))
 
     def _has_work(self) -> bool:
-        return bool(self._running) or len(self.scheduler) > 0
+        return bool(self._running) or self._prefilling is not None or len(self.scheduler) > 0
 
     def _start(self, req: Request) -> None:
+        """Match the request's prompt, lock and load the cached prefix: it is then the one prefilling."""
         req.started = clock = time.perf_counter()
         if req.cancelled.is_set():
             self._finish(req, "cancelled")
@@ -436,18 +447,45 @@ class Engine:
         if self.disk is not None:  # the disk tier extends the RAM match by whole blocks, same cap
             req.cached_tokens += self.disk.extend(req.buffer, ids, req.namespace, limit=len(ids) - 1)
             clock = req.phase("disk", clock)
-        exact = req.cached_tokens
-        plan = plan_stitch(len(ids), req.chunk_spans, exact) if req.chunk_reuse else None
-        logits = self._prefill(req, ids[exact : plan.exact_end if plan else len(ids)])
+        req.plan = plan_stitch(len(ids), req.chunk_spans, req.cached_tokens) if req.chunk_reuse else None
+        req.prefilled = req.cached_tokens
+        self._prefilling = req
+
+    def _prefill_next(self, req: Request) -> None:
+        """Prefill the next chunk of the prefilling request's prompt; after its last chunk, its first
+        token. While other requests decode, the chunk is ``mixed_prefill_tokens`` long at most."""
+        assert req.buffer is not None
+        if req.cancelled.is_set():
+            self._finish(req, "cancelled")
+            return
+        end = req.plan.exact_end if req.plan is not None else len(req.prompt_ids)
+        step = self.config.prefill_chunk_tokens
+        if self._running:
+            step = min(step, self.config.mixed_prefill_tokens)
+        clock = time.perf_counter()
+        chunk = req.prompt_ids[req.prefilled : min(end, req.prefilled + step)]
+        logits = self.runner.prefill(chunk, req.buffer) if chunk else None
+        req.prefilled += len(chunk)
+        req.phases["prefill"] = req.phases.get("prefill", 0.0) + time.perf_counter() - clock
+        self._counters["prefill_chunks"] += bool(chunk)
+        if req.prefilled < end:
+            return
+        self._prefilling = None
+        self._first_token(req, logits)
+
+    def _first_token(self, req: Request, logits: torch.Tensor | None) -> None:
+        """The prompt is prefilled up to its plan's exact end (``logits``: of its last position, None
+        when chunks mode stitches the rest): stitch, sample the first token, cache the prompt's KV."""
+        clock = time.perf_counter()
         stitched = None
-        if plan is not None and not req.cancelled.is_set():
-            req.exact_end = plan.exact_end
-            stitched = self._stitch(req, plan)
+        if req.plan is not None and not req.cancelled.is_set():
+            req.exact_end = req.plan.exact_end
+            stitched = self._stitch(req, req.plan)
             logits = stitched.logits if stitched is not None else None
+            req.phases["prefill"] = req.phases.get("prefill", 0.0) + time.perf_counter() - clock
         if req.cancelled.is_set() or logits is None:
             self._finish(req, "cancelled")
             return
-        req.phase("prefill", clock)
         req.prefill_s = time.perf_counter() - req.started
         self._counters["prefill_s"] += req.prefill_s
         req.generator = req.params.make_generator()
@@ -458,20 +496,8 @@ class Engine:
         if stitched is not None:
             self._insert_placements(req, stitched)
         if not req.done.is_set():
-            self._insert(req, len(ids))
+            self._insert(req, len(req.prompt_ids))
             self._running.append(req)
-
-    def _prefill(self, req: Request, tokens: list[int]) -> torch.Tensor | None:
-        """Prefill ``tokens`` after what the buffer holds, in chunks (a cancelled request stops between
-        them: None); the last position's logits (None for no tokens)."""
-        logits = None
-        step = self.config.prefill_chunk_tokens
-        for start in range(0, len(tokens), step):
-            if req.cancelled.is_set():
-                return None
-            assert req.buffer is not None
-            logits = self.runner.prefill(tokens[start : start + step], req.buffer)
-        return logits
 
     def _stitch(self, req: Request, plan: Any) -> Stitched | None:
         """The chunks-mode rest of the prompt after its exact part (None: cancelled meanwhile)."""
@@ -625,6 +651,8 @@ class Engine:
     def _finish(self, req: Request, reason: str) -> None:
         if req in self._running:
             self._running.remove(req)
+        if self._prefilling is req:
+            self._prefilling = None
         buf = req.buffer
         try:
             if buf is not None and buf.length and reason != "error":
@@ -648,6 +676,8 @@ class Engine:
         log.warning("request %s failed: %s", req.id, exc)
         if req in self._running:
             self._running.remove(req)
+        if self._prefilling is req:
+            self._prefilling = None
         self._release(req)
         self._counters["failed"] += 1
         req.events.put(exc)

@@ -1,11 +1,16 @@
 """FusedLlamaRunner: a gpt-fast style forward for Llama-family models, with batched decode.
 
-Same interface as :class:`engine.runner.ModelRunner`, built from the HF model's own weights:
+Same interface as :class:`engine.runner.ModelRunner`, built from the HF model's own weights
+(engine.llama_weights):
   * q/k/v and gate/up projections fused into one matmul each (3 fewer weight reads per layer),
   * K/V written straight into the request's KVBuffer (no Cache object, no per-step concatenation),
   * grouped-query attention without repeating K/V (SDPA ``enable_gqa``),
-  * ``decode_batch``: the projections and MLP of every running request run as one matmul (decode is
-    memory-bound: B tokens cost about as much as one), attention per request over its own KV,
+  * one layer loop, :meth:`run_layers`, over explicit positions (gpt-fast's ``forward(idx,
+    input_pos)``): a prefill, a batched decode step and a stitched prefill differ only in where
+    their tokens' K/V go and how their queries attend (engine.fused_attention),
+  * ``decode_batch``: the projections and MLP of every running request run as one matmul over
+    weights prepacked for few rows (engine.packed_linear; decode is memory-bound: B tokens cost
+    about as much as one), attention per request over its own KV,
   * ``weights="int8"``: every Linear and the lm_head as per-channel int8 (engine.quant), whose
     integer matmul is exact, so a row's result depends on that row alone at any row count;
     the lm_head's best candidates are rescored with the float weights.
@@ -17,94 +22,41 @@ tiles, engine.row_tiles), so reusing cached KV is exact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from typing import Any, get_args
 
 import torch
 import torch.nn.functional as F
 
 from engine.config import WeightsFormat
+from engine.fused_attention import (
+    Attention,
+    DecodeAttention,
+    PositionsAttention,
+    PrefillAttention,
+    attend,
+    pad_rows,
+)
 from engine.kv.codec import KVCodec
 from engine.kv.state import KVBuffer
-from engine.prefill_shapes import QUERY_ROWS, aligned_keys, attention_menu, key_block_spans, prefill_mask
+from engine.llama_weights import (
+    LlamaLayer,
+    Weight,
+    drop_float_linears,
+    fuse_layer,
+    fused_unsupported_reason,
+    int8_layers,
+    weight_bytes,
+)
+from engine.packed_linear import PackedLinear
+from engine.prefill_shapes import aligned_keys, attention_menu
 from engine.quant.linear import Int8Weight, int8_linear, rescore_top
-from engine.quant.model import int8_model
+from engine.rope_table import RopeTable
 from engine.row_tiles import BASE_MENU, TILE, TileMenu, linear_menu, round_up, tiled_linear
-from engine.runner import prefix_reuse_blocker
 
-SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
 WEIGHTS_FORMATS: tuple[str, ...] = get_args(WeightsFormat)
-Weight = torch.Tensor | Int8Weight  # a Linear weight [out, in]: float, or packed int8
-# one attention call of a prefill: first query row, real rows, tile rows, keys read, mask [tile, keys]
-_AttentionCall = tuple[int, int, int, int, torch.Tensor]
 
-
-def fused_unsupported_reason(model: Any) -> str | None:
-    """Why the fused runner cannot run this model (None: it can)."""
-    config = model.config
-    if config.model_type not in SUPPORTED_TYPES:
-        return f"model_type {config.model_type!r} not in {sorted(SUPPORTED_TYPES)}"
-    blocker = prefix_reuse_blocker(config)
-    if blocker:
-        return blocker  # e.g. sliding windows: only transformers' own masks get those right
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"hidden_act {config.hidden_act!r}"
-    if getattr(config, "pretraining_tp", 1) != 1:
-        return "pretraining_tp != 1"
-    if getattr(config, "mlp_bias", False):
-        return "mlp_bias"
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None or not hasattr(model, "lm_head"):
-        return "unexpected module layout"
-    attn = layers[0].self_attn
-    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
-        return "q/k norms"
-    if any(not hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
-        return "unexpected attention projections"
-    return None
-
-
-def _fused_parameter(modules: list[Any], name: str) -> torch.Tensor:
-    """Concatenate ``module.<name>`` along rows and point each module at its slice of the result.
-
-    Made once per model: later runners over the same model find the fused tensor and reuse it.
-    """
-    marker = f"_prefixrag_fused_{name}"
-    params = [getattr(mod, name) for mod in modules]
-    fused = getattr(modules[0], marker, None)
-    if fused is not None and _points_into(params, fused):
-        return fused
-    with torch.no_grad():
-        fused = torch.cat([p.data for p in params]).contiguous()
-    offset = 0
-    for p in params:
-        p.data = fused[offset : offset + p.shape[0]]  # a view: the model keeps working, memory is shared
-        offset += p.shape[0]
-    setattr(modules[0], marker, fused)
-    return fused
-
-
-def _points_into(params: list[torch.Tensor], fused: torch.Tensor) -> bool:
-    offset = 0
-    for p in params:
-        if p.data.data_ptr() != fused[offset].data_ptr() or p.dtype != fused.dtype:
-            return False
-        offset += p.shape[0]
-    return offset == fused.shape[0]
-
-
-@dataclass
-class _Layer:
-    in_norm: torch.Tensor
-    post_norm: torch.Tensor
-    wqkv: Weight  # [(H + 2 KVH) D, hidden]
-    bqkv: torch.Tensor | None
-    wo: Weight  # [hidden, H D]
-    bo: torch.Tensor | None
-    wgu: Weight  # [2 I, hidden]
-    wdown: Weight  # [hidden, I]
+__all__ = ["FusedLlamaRunner", "drop_float_linears", "fused_unsupported_reason"]
 
 
 class FusedLlamaRunner:
@@ -150,20 +102,27 @@ class FusedLlamaRunner:
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
         self.rotary = inner.rotary_emb
+        self.rope = RopeTable(self.rotary, self.embed)
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim**-0.5))
         self.lm_head: Weight
         # int8: the float lm_head and final norm that rescore int8's best candidates exactly
         self.exact_head: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.packed_head: PackedLinear | None = None
         if weights == "int8":
             self.exact_head = (self.final_norm, model.lm_head.weight)
-            self.layers, self.final_norm, self.lm_head = self._int8(model, tokenizer)
+            self.layers, self.final_norm, self.lm_head = int8_layers(model, tokenizer, self.dtype)
         else:
-            self.layers = [self._fuse(layer) for layer in inner.layers]
+            self.layers = [fuse_layer(layer) for layer in inner.layers]
             self.lm_head = model.lm_head.weight
+            for layer in self.layers:
+                layer.pack()
+            if self.layers[0].packed is not None:
+                self.packed_head = PackedLinear.of(model.lm_head.weight)
         # float matmuls of TILE rows or more run as calibrated tiles (a prefill always has that many);
         # decode runs its B rows as they are (a GEMV is much faster), unless batch_invariant
-        self.menus: dict[tuple[int, int], TileMenu] = {}
-        for w in (self.layers[0].wqkv, self.layers[0].wo, self.layers[0].wgu, self.layers[0].wdown):
+        self.menus: dict[tuple[int, ...], TileMenu] = {}
+        first = self.layers[0]
+        for w in (first.wqkv, first.wo, first.wgu, first.wdown):
             if isinstance(w, torch.Tensor):
                 self.menus[tuple(w.shape)] = linear_menu(w.shape[1], w.shape[0], w.dtype)
         self.attention_tiles = attention_menu(
@@ -176,73 +135,32 @@ class FusedLlamaRunner:
         self.kv_codec = kv_codec
         self._kv_round = kv_codec.round if kv_codec is not None and not kv_codec.identity else None
 
-    @staticmethod
-    def _fuse(layer: Any) -> _Layer:
-        """Fused weights for one layer, made once per model: afterwards the model's own q/k/v and
-        gate/up weights are views into the fused tensors, so no weight is held twice."""
-        a, m = layer.self_attn, layer.mlp
-        wqkv = _fused_parameter([a.q_proj, a.k_proj, a.v_proj], "weight")
-        bias = _fused_parameter([a.q_proj, a.k_proj, a.v_proj], "bias") if a.q_proj.bias is not None else None
-        return _Layer(
-            in_norm=layer.input_layernorm.weight,
-            post_norm=layer.post_attention_layernorm.weight,
-            wqkv=wqkv,
-            bqkv=bias,
-            wo=a.o_proj.weight,
-            bo=a.o_proj.bias,
-            wgu=_fused_parameter([m.gate_proj, m.up_proj], "weight"),
-            wdown=m.down_proj.weight,
-        )
-
-    def _int8(self, model: Any, tokenizer: Any) -> tuple[list[_Layer], torch.Tensor, Int8Weight]:
-        """Layers, final norm and lm_head over the model's int8 copy (engine.quant_model), whose norm
-        weights carry its smoothing; the model itself is only read."""
-        int8 = int8_model(model, tokenizer)
-        layers = []
-        for layer, q in zip(model.model.layers, int8.layers):
-            a = layer.self_attn
-            bias = None
-            if a.q_proj.bias is not None:
-                bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
-            norms = {"in_norm": q.in_norm.to(self.dtype), "post_norm": q.post_norm.to(self.dtype)}
-            bo = None if a.o_proj.bias is None else a.o_proj.bias.detach()
-            layers.append(_Layer(**norms, wqkv=q.qkv, bqkv=bias, wo=q.o, bo=bo, wgu=q.gate_up, wdown=q.down))
-        return layers, int8.final_norm.to(self.dtype), int8.lm_head
-
     def new_buffer(self, capacity: int) -> KVBuffer:
         # room for a prefill's key padding
         return KVBuffer(self.num_layers, aligned_keys(capacity), self.kv_codec)
 
     def weight_bytes(self) -> int:
-        """Bytes of the weights this runner computes with (embedding, norms, Linears, lm_head)."""
-        tensors: dict[int, int] = {}
-        held = [self.embed, self.final_norm, self.lm_head, *(self.exact_head or ())]
+        """Bytes of the weights this runner computes with (embedding, norms, Linears, lm_head, and
+        decode's packed copies)."""
+        held: list[Any] = [self.embed, self.final_norm, self.lm_head, *(self.exact_head or ())]
+        held.append(self.packed_head)
         for layer in self.layers:
-            held += [
-                layer.in_norm,
-                layer.post_norm,
-                layer.wqkv,
-                layer.bqkv,
-                layer.wo,
-                layer.bo,
-                layer.wgu,
-                layer.wdown,
-            ]
-        int8 = 0
-        for w in held:
-            if isinstance(w, Int8Weight):
-                int8 += w.nbytes
-            elif w is not None:  # shared storage (a tied lm_head) counts once
-                tensors[w.untyped_storage().data_ptr()] = w.untyped_storage().nbytes()
-        return int8 + sum(tensors.values())
+            held += [*layer.tensors(), *(layer.packed or ())]
+        return weight_bytes(held)
 
     # ---- building blocks --------------------------------------------------------------------
-    def _linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def _linear(
+        self,
+        x: torch.Tensor,
+        weight: Weight,
+        bias: torch.Tensor | None = None,
+        packed: PackedLinear | None = None,
+    ) -> torch.Tensor:
         # every projection and the lm_head go through here: x [T, in] -> [T, out]
         if isinstance(weight, Int8Weight):
             return int8_linear(x, weight, bias)
         if x.shape[0] < TILE:  # decode's few rows: no row-exactness is promised there
-            return F.linear(x, weight, bias)
+            return packed(x) if packed is not None else F.linear(x, weight, bias)
         # the lm_head has no menu: it only ever runs one tile of rows (or decode's few)
         return tiled_linear(x, weight, self.menus.get(tuple(weight.shape), BASE_MENU), bias)
 
@@ -257,19 +175,24 @@ class FusedLlamaRunner:
         return x * cos + rotated * sin
 
     def _qkv(
-        self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
+        self, layer: LlamaLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # x: [T, hidden] -> q [T, H, D], k/v [T, KVH, D] (rope applied to q and k)
-        qkv = self._linear(self._norm(x, layer.in_norm), layer.wqkv, layer.bqkv)
+        packed = layer.packed[0] if layer.packed is not None else None
+        qkv = self._linear(self._norm(x, layer.in_norm), layer.wqkv, layer.bqkv, packed)
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
-        q, k, v = qkv.split((h * d, kvh * d, kvh * d), dim=-1)
-        q = self._rope(q.view(-1, h, d), cos, sin)
-        k = self._rope(k.view(-1, kvh, d), cos, sin)
-        return q, k, v.view(-1, kvh, d)
+        # q and k rotate in one elementwise pass: the same bits as one at a time
+        qk = self._rope(qkv[:, : (h + kvh) * d].view(-1, h + kvh, d), cos, sin)
+        return qk[:, :h].contiguous(), qk[:, h:], qkv[:, (h + kvh) * d :].view(-1, kvh, d)
 
-    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self._linear(self._norm(x, layer.post_norm), layer.wgu).chunk(2, dim=-1)
-        return self._linear(F.silu(gate) * up, layer.wdown)
+    def _mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
+        up, down = (layer.packed[2], layer.packed[3]) if layer.packed is not None else (None, None)
+        gate, value = self._linear(self._norm(x, layer.post_norm), layer.wgu, None, up).chunk(2, dim=-1)
+        return self._linear(F.silu(gate) * value, layer.wdown, None, down)
+
+    def _attn_out(self, layer: LlamaLayer, attn: torch.Tensor) -> torch.Tensor:
+        # attn: [T, H*D] -> [T, hidden] (o_proj)
+        return self._linear(attn, layer.wo, layer.bo, layer.packed[1] if layer.packed is not None else None)
 
     def _attend(
         self,
@@ -279,52 +202,7 @@ class FusedLlamaRunner:
         past: int,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # q: [R, H, D], row i at position past + i; keys/values: [1, KVH, K, D] -> [R, H*D].
-        # Keys past the last query's position must be finite: the causal mask hides them.
-        r = q.shape[0]
-        qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, R, D]
-        if r == 1 and mask is None and keys.shape[2] == past + 1:  # one query over exactly its keys
-            out = F.scaled_dot_product_attention(qh, keys, values, scale=self.scale, enable_gqa=True)
-        else:  # causal with an offset: query i sees keys 0..past + i
-            if mask is None:
-                mask = prefill_mask(r, past, keys.shape[2], q.device)
-            out = F.scaled_dot_product_attention(
-                qh, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
-            )
-        return out[0].transpose(0, 1).reshape(r, -1)
-
-    def _attention_calls(self, past: int, s: int) -> list[_AttentionCall]:
-        """How a prefill call's ``s`` queries attend: per key block their positions fall in, query
-        tiles from the attention menu, each under an explicit mask (see engine.prefill_shapes)."""
-        calls = []
-        for a, b, keys in key_block_spans(past, s):
-            start = a
-            for size in self.attention_tiles.plan(b - a):
-                real = min(size, b - start)
-                calls.append((start, real, size, keys, prefill_mask(size, past + start, keys, self.device)))
-                start += real
-        return calls
-
-    def _attend_tiles(
-        self,
-        q: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        past: int,
-        calls: list[_AttentionCall],
-    ) -> torch.Tensor:
-        # q: [R, H, D] -> [R, H*D]: each tile's real rows, padded; rows past the calls (matmul
-        # padding) attend to nothing
-        out = q.new_zeros(q.shape[0], self.heads * self.head_dim)
-        for start, real, size, n, mask in calls:
-            rows = self._pad_rows(q[start : start + real], size)
-            attn = self._attend(rows, keys[:, :, :n], values[:, :, :n], past + start, mask)
-            out[start : start + real] = attn[:real]
-        return out
-
-    def _attn_out(self, layer: _Layer, attn: torch.Tensor) -> torch.Tensor:
-        # attn: [T, H*D] -> [T, hidden] (o_proj)
-        return self._linear(attn, layer.wo, layer.bo)
+        return attend(q, keys, values, past, self.scale, mask)
 
     def round_kv(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V as the cache stores them (rounded through the KV format; unchanged for float32)."""
@@ -334,36 +212,8 @@ class FusedLlamaRunner:
         """Keys or values rounded through the cache's KV format (unchanged for float32)."""
         return x if self._kv_round is None else self._kv_round(x)
 
-    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [T] -> cos/sin [T, 1, D] broadcasting over heads
-        cos, sin = self.rotary(self.embed[:1], positions.unsqueeze(0))
-        return cos[0].unsqueeze(1), sin[0].unsqueeze(1)
-
-    def _decode_rows(self, batch: int) -> int:
-        """Matmul rows a decode step of ``batch`` tokens runs (whole tiles when batch_invariant)."""
-        return round_up(batch, TILE) if self.batch_invariant else batch
-
-    def _padded_ids(self, token_ids: Sequence[int], rows: int) -> torch.Tensor:
-        ids = list(token_ids)
-        ids += [0] * (rows - len(ids))
-        return torch.tensor(ids, dtype=torch.long, device=self.device)
-
-    @staticmethod
-    def _clear_key_padding(buffer: KVBuffer, start: int, end: int) -> None:
-        """Zero every layer's keys/values [start, end): attention reads them under the mask, so they
-        must be finite, and recycled storage may hold anything."""
-        k_store, v_store = buffer.stores()
-        k_store[:, :, :, start:end] = 0
-        v_store[:, :, :, start:end] = 0
-
-    @staticmethod
-    def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
-        if x.shape[0] >= rows:
-            return x
-        return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])])
-
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self._linear(self._norm(x, self.final_norm), self.lm_head).float()
+        logits = self._linear(self._norm(x, self.final_norm), self.lm_head, None, self.packed_head).float()
         if self.exact_head is not None:
             norm, head = self.exact_head
             logits = rescore_top(logits, self._norm(x, norm), head)
@@ -371,7 +221,45 @@ class FusedLlamaRunner:
 
     def last_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[vocab]`` of the last row of ``x``, computed as one tile."""
-        return self._logits(self._pad_rows(x[-1:], TILE))[0]
+        return self._logits(pad_rows(x[-1:], TILE))[0]
+
+    def embed_ids(self, token_ids: Sequence[int], rows: int = 0) -> torch.Tensor:
+        """Hidden states ``[max(len, rows), hidden]`` of ``token_ids``, padded with token 0."""
+        ids = list(token_ids) + [0] * max(0, rows - len(token_ids))
+        return F.embedding(torch.tensor(ids, dtype=torch.long, device=self.device), self.embed)
+
+    # ---- the layer loop ---------------------------------------------------------------------
+    def run_layers(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        attention: Attention,
+        layers: Iterable[int] | None = None,
+    ) -> torch.Tensor:
+        """Run hidden states ``x [T, hidden]`` (row i at ``positions[i]``) through ``layers`` (default
+        all): each writes the rows' K/V and attends as ``attention`` says. Returns the new ``x``."""
+        cos, sin = self.rope(positions)
+        for i in range(self.num_layers) if layers is None else layers:
+            layer = self.layers[i]
+            q, k, v = self._qkv(layer, x, cos, sin)
+            attention.write(i, *self.round_kv(k, v))
+            x = x + self._attn_out(layer, attention.attend(i, q))
+            x = x + self._mlp(layer, x)
+        return x
+
+    def layer_kv(self, layer: int, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The K/V ``[T, KVH, D]`` (in the cache's format) that ``layer`` computes for hidden states
+        ``x`` at ``positions``, written nowhere."""
+        cos, sin = self.rope(positions)
+        _, k, v = self._qkv(self.layers[layer], x, cos, sin)
+        return self.round_kv(k, v)
+
+    def run_at(
+        self, buffer: KVBuffer, x: torch.Tensor, positions: torch.Tensor, layers: Iterable[int] | None = None
+    ) -> torch.Tensor:
+        """``x`` at explicit ascending ``positions`` of ``buffer`` (a stitched prefill): every layer writes
+        their K/V there, then attends causally over what the buffer holds up to each position."""
+        return self.run_layers(x, positions, PositionsAttention(buffer, positions, self.scale), layers)
 
     # ---- forward passes ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -385,28 +273,12 @@ class FusedLlamaRunner:
         if s == 0:
             raise ValueError("forward needs at least one token")
         past = buffer.length
-        if past + s > self.max_context:
-            raise ValueError(f"sequence of {past + s} tokens exceeds the model's {self.max_context}")
+        self._check_context(past + s)
         buffer.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
-        keys_end = aligned_keys(past + s)
-        buffer.reserve(keys_end)
-        self._clear_key_padding(buffer, past + s, keys_end)
-        ids = self._padded_ids(token_ids, round_up(s, TILE))  # [R] rows, the real ones first
-        x = F.embedding(ids, self.embed)  # [R, hidden]
-        positions = torch.arange(past, past + len(ids), device=self.device)
-        cos, sin = self._rotary(positions)
-        calls = self._attention_calls(past, s)
-        k_store, v_store = buffer.stores()
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
-            k, v = self.round_kv(k[:s], v[:s])
-            k_store[i, 0, :, past : past + s] = k[:s].transpose(0, 1)
-            v_store[i, 0, :, past : past + s] = v[:s].transpose(0, 1)
-            attn = self._attend_tiles(
-                q, k_store[i, :, :, :keys_end], v_store[i, :, :, :keys_end], past, calls
-            )
-            x = x + self._attn_out(layer, attn)
-            x = x + self._mlp(layer, x)
+        x = self.embed_ids(token_ids, round_up(s, TILE))  # [R, hidden], the real rows first
+        positions = torch.arange(past, past + x.shape[0], device=self.device)
+        attention = PrefillAttention(buffer, past, s, self.attention_tiles, self.scale)
+        x = self.run_layers(x, positions, attention)
         buffer.set_length(past + s)
         return self.last_logits(x[:s])
 
@@ -424,47 +296,18 @@ class FusedLlamaRunner:
         query block over aligned keys), so its KV is the same bits a prefill would write.
         """
         pasts = [b.length for b in buffers]
-        exact = self.batch_invariant
-        ends = [aligned_keys(p + 1) if exact else p + 1 for p in pasts]  # keys each attention reads
-        for b, p, end in zip(buffers, pasts, ends):
-            if p + 1 > self.max_context:
-                raise ValueError(f"sequence of {p + 1} tokens exceeds the model's {self.max_context}")
+        for b, p in zip(buffers, pasts):
+            self._check_context(p + 1)
             b.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
-            b.reserve(end)
-            if exact:
-                self._clear_key_padding(b, p + 1, end)
         batch = len(token_ids)
-        ids = self._padded_ids(token_ids, self._decode_rows(batch))  # [B'] >= B rows
-        x = F.embedding(ids, self.embed)  # [B', hidden]
-        positions = torch.tensor(pasts + [0] * (len(ids) - batch), device=self.device)
-        cos, sin = self._rotary(positions)
-        rows = QUERY_ROWS if exact else 1
-        masks = [prefill_mask(rows, p, end, self.device) if exact else None for p, end in zip(pasts, ends)]
-        stores = [b.stores() for b in buffers]
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)  # [B', H, D], [B', KVH, D]
-            k, v = self.round_kv(k, v)
-            outs = []
-            for j, (k_store, v_store) in enumerate(stores):
-                p, end = pasts[j], ends[j]
-                k_store[i, 0, :, p] = k[j]
-                v_store[i, 0, :, p] = v[j]
-                qj = self._pad_rows(q[j : j + 1], rows)  # [rows, H, D]
-                attn = self._attend(qj, k_store[i, :, :, :end], v_store[i, :, :, :end], p, masks[j])
-                outs.append(attn[:1])
-            x = x + self._attn_out(layer, self._pad_rows(torch.cat(outs), len(ids)))
-            x = x + self._mlp(layer, x)
+        rows = round_up(batch, TILE) if self.batch_invariant else batch
+        x = self.embed_ids(token_ids, rows)  # [B', hidden]
+        positions = torch.tensor(pasts + [0] * (x.shape[0] - batch), device=self.device)
+        x = self.run_layers(x, positions, DecodeAttention(buffers, self.batch_invariant, self.scale))
         for b, p in zip(buffers, pasts):
             b.set_length(p + 1)
         return list(self._logits(x)[:batch])
 
-
-def drop_float_linears(model: Any) -> None:
-    """Free the float weights of every projection once an int8 runner holds copies: the model can no
-    longer run its own forward. The embedding, the norms and the lm_head (read to rescore) stay."""
-    modules = []
-    for layer in model.model.layers:
-        a, m = layer.self_attn, layer.mlp
-        modules += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
-    for module in modules:
-        module.weight = torch.nn.Parameter(module.weight.new_empty(0), requires_grad=False)
+    def _check_context(self, tokens: int) -> None:
+        if tokens > self.max_context:
+            raise ValueError(f"sequence of {tokens} tokens exceeds the model's {self.max_context}")

@@ -128,6 +128,8 @@ class Request:
     chunk_reuse: ChunkReuse | None = None
     chunk_spans: list[tuple[int, int]] = field(default_factory=list)
     exact_end: int | None = None  # only the prompt's first exact_end tokens may be cached
+    plan: Any = None  # chunks mode: the StitchPlan of the prompt (engine.chunks.plan)
+    prefilled: int = 0  # prompt tokens the buffer holds so far (cached or prefilled)
     stitched_tokens: int = 0
     recomputed_tokens: int = 0
     chunk_prefill_tokens: int = 0

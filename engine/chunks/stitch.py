@@ -4,8 +4,8 @@ Given a buffer that holds the exact part of the prompt and, at each reused run's
 canonical KV (``place_run``: keys re-rotated by the position delta), ``StitchedPrefill.run`` computes
 the tokens that must be computed (gaps, question) plus a selection of reused tokens, layer by layer:
 a computed token's fresh K/V overwrite the stitched ones at every layer, and its query attends
-causally over the whole stitched context (an explicit mask over explicit positions). Built from the
-fused runner's own blocks (``_qkv``, ``_attend``, ``_attn_out``, ``_mlp``, ``_rotary``).
+causally over the whole stitched context (an explicit mask over explicit positions): the fused
+runner's own layer loop at explicit positions (``run_at``; ``layer_kv`` for one layer's fresh K/V).
 
 Selection (``ChunkReuse.strategy``):
   * ``none``: no reused token is recomputed (the naive stitch);
@@ -127,9 +127,7 @@ class StitchedPrefill:
         Every reused token's fresh K/V at ``layer`` replace the stitched ones (its input is exact)."""
         r = self.runner
         rows = torch.searchsorted(every, reused)
-        cos, sin = r._rotary(reused)
-        _, k, v = r._qkv(r.layers[layer], x[rows], cos, sin)  # [n, KVH, D]
-        k, v = r.round_kv(k, v)
+        k, v = r.layer_kv(layer, x[rows], reused)  # [n, KVH, D]
         k_store, v_store = buffer.stores()
         old_k = k_store[layer, 0][:, reused].transpose(0, 1)  # [n, KVH, D]
         old_v = v_store[layer, 0][:, reused].transpose(0, 1)
@@ -139,31 +137,14 @@ class StitchedPrefill:
         return torch.sort(reused[deviation.topk(budget).indices]).values
 
     def _embed(self, prompt_ids: Sequence[int], positions: torch.Tensor) -> torch.Tensor:
-        ids = torch.tensor(
-            [prompt_ids[p] for p in positions.tolist()], dtype=torch.long, device=self.runner.device
-        )
-        return torch.nn.functional.embedding(ids, self.runner.embed)  # [T, hidden]
+        return self.runner.embed_ids([prompt_ids[p] for p in positions.tolist()])  # [T, hidden]
 
     def _layers(
         self, buffer: KVBuffer, x: torch.Tensor, positions: torch.Tensor, layers: range
     ) -> torch.Tensor:
         """Run ``x`` (hidden states of ``positions``, ascending) through ``layers``: each writes the
         tokens' K/V at their positions, then attends causally over the stitched context."""
-        r = self.runner
-        total = int(positions[-1]) + 1
-        cos, sin = r._rotary(positions)
-        mask = torch.arange(total, device=r.device)[None, :] <= positions[:, None]  # [T, total]
-        k_store, v_store = buffer.stores()
-        for i in layers:
-            layer = r.layers[i]
-            q, k, v = r._qkv(layer, x, cos, sin)  # [T, H, D], [T, KVH, D]
-            k, v = r.round_kv(k, v)
-            k_store[i, 0][:, positions] = k.transpose(0, 1)
-            v_store[i, 0][:, positions] = v.transpose(0, 1)
-            attn = r._attend(q, k_store[i, :, :, :total], v_store[i, :, :, :total], 0, mask)
-            x = x + r._attn_out(layer, attn)
-            x = x + r._mlp(layer, x)
-        return x
+        return self.runner.run_at(buffer, x, positions, layers)
 
 
 def first_tokens(plan: StitchPlan, share: float) -> list[int]:

@@ -57,7 +57,14 @@ class EngineConfig(BaseModel):
         "what else is batched with it (greedy output under load equals sequential output, bit for bit) "
         "and a decoded answer's KV equals a prefill's (a follow-up turn that reuses it is exact), at a "
         "slower single-stream decode; off (vLLM's and SGLang's default): batched decode and reused "
-        "answers may round differently. Reuse of prompt KV is exact either way (engine/prefill_shapes.py)",
+        "answers may round differently. Reuse of prompt KV is exact either way where the engine states "
+        "exact_reuse (engine/prefill_shapes.py, engine/exact_reuse.py)",
+    )
+    check_exact_reuse: bool = Field(
+        default=True,
+        description="at load, check that reusing cached KV gives the same bits as computing it on this "
+        "machine (a seeded prompt computed whole and split; under a second for the bundled model) and "
+        "state the verdict as exact_reuse in stats(); False skips the check (exact_reuse: null)",
     )
     prefill_chunk_tokens: int = Field(
         default=1024,

@@ -306,7 +306,12 @@ class FusedLlamaRunner:
         return calls
 
     def _attend_tiles(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, calls: list[_AttentionCall]
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        past: int,
+        calls: list[_AttentionCall],
     ) -> torch.Tensor:
         # q: [R, H, D] -> [R, H*D]: each tile's real rows, padded; rows past the calls (matmul
         # padding) attend to nothing
@@ -397,7 +402,9 @@ class FusedLlamaRunner:
             k, v = self.round_kv(k[:s], v[:s])
             k_store[i, 0, :, past : past + s] = k[:s].transpose(0, 1)
             v_store[i, 0, :, past : past + s] = v[:s].transpose(0, 1)
-            attn = self._attend_tiles(q, k_store[i, :, :, :keys_end], v_store[i, :, :, :keys_end], past, calls)
+            attn = self._attend_tiles(
+                q, k_store[i, :, :, :keys_end], v_store[i, :, :, :keys_end], past, calls
+            )
             x = x + self._attn_out(layer, attn)
             x = x + self._mlp(layer, x)
         buffer.set_length(past + s)

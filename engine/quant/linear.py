@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 

@@ -165,7 +165,7 @@ class FusedLlamaRunner:
         self.menus: dict[tuple[int, int], TileMenu] = {}
         for w in (self.layers[0].wqkv, self.layers[0].wo, self.layers[0].wgu, self.layers[0].wdown):
             if isinstance(w, torch.Tensor):
-                self.menus[tuple(w.shape)] = linear_menu(w.shape[1], w.shape[0], w.dtype)
+                self.menus[(w.shape[0], w.shape[1])] = linear_menu(w.shape[1], w.shape[0], w.dtype)
         self.attention_tiles = attention_menu(
             self._attend, self.heads, self.kv_heads, self.head_dim, self.dtype, self.scale
         )
@@ -244,7 +244,7 @@ class FusedLlamaRunner:
         if x.shape[0] < TILE:  # decode's few rows: no row-exactness is promised there
             return F.linear(x, weight, bias)
         # the lm_head has no menu: it only ever runs one tile of rows (or decode's few)
-        return tiled_linear(x, weight, self.menus.get(tuple(weight.shape), BASE_MENU), bias)
+        return tiled_linear(x, weight, self.menus.get((weight.shape[0], weight.shape[1]), BASE_MENU), bias)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         h = x.float()

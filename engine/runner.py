@@ -128,7 +128,7 @@ class ModelRunner:
     def _tiled_linears(self) -> Iterator[None]:
         """The model's Linears run their rows as row tiles (engine.row_tiles) for the duration."""
         for module, menu in self.linears:
-            module.forward = _TiledForward(module, menu)  # type: ignore[method-assign]
+            module.forward = _TiledForward(module, menu)  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:

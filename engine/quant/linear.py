@@ -89,7 +89,7 @@ def int8_backend() -> Int8Backend | None:
         if forced and backend != forced:
             continue
         if _available(backend) and _exact(backend):
-            return backend  # type: ignore[return-value]
+            return backend
     return None
 
 

@@ -60,6 +60,13 @@ class EngineConfig(BaseModel):
         "answers may round differently. Reuse of prompt KV is exact either way where the engine states "
         "exact_reuse (engine/prefill_shapes.py, engine/exact_reuse.py)",
     )
+    exact_shapes: bool = Field(
+        default=True,
+        description="fused runner: every prefill matmul and attention call runs the calibrated row "
+        "tiles that make a token's result independent of how its prompt was split (engine/row_tiles.py); "
+        "False runs each in one call of whatever size, whose rounding then depends on the split on "
+        "some CPUs (exact_reuse says so). The benchmark measures what the tiles cost",
+    )
     check_exact_reuse: bool = Field(
         default=True,
         description="at load, check that reusing cached KV gives the same bits as computing it on this "

@@ -742,6 +742,7 @@ def _make_runner(
         return FusedLlamaRunner(
             model,
             batch_invariant=config.batch_invariant,
+            exact_shapes=config.exact_shapes,
             weights=config.weights,
             tokenizer=tokenizer,
             kv_codec=codec,

@@ -125,6 +125,7 @@ class FusedLlamaRunner:
         weights: WeightsFormat = "float32",
         tokenizer: Any = None,
         kv_codec: KVCodec | None = None,
+        exact_shapes: bool = True,
     ) -> None:
         reason = fused_unsupported_reason(model)
         if reason:
@@ -172,6 +173,9 @@ class FusedLlamaRunner:
         # batch_invariant decode runs a prefill's shapes (TILE matmul rows, one query tile over full
         # key blocks): a token never depends on its batch mates, and its KV equals a prefill's
         self.batch_invariant = batch_invariant
+        # False: each prefill matmul and key-block span in one call of whatever size (reuse then rounds
+        # as the kernels choose; kept to measure what the exact shapes cost)
+        self.exact_shapes = exact_shapes
         # K/V are rounded through the cache's storage format before attention, on every path
         self.kv_codec = kv_codec
         self._kv_round = kv_codec.round if kv_codec is not None and not kv_codec.identity else None
@@ -241,7 +245,7 @@ class FusedLlamaRunner:
         # every projection and the lm_head go through here: x [T, in] -> [T, out]
         if isinstance(weight, Int8Weight):
             return int8_linear(x, weight, bias)
-        if x.shape[0] < TILE:  # decode's few rows: no row-exactness is promised there
+        if x.shape[0] < TILE or not self.exact_shapes:  # decode's few rows: no row-exactness promised
             return F.linear(x, weight, bias)
         # the lm_head has no menu: it only ever runs one tile of rows (or decode's few)
         return tiled_linear(x, weight, self.menus.get((weight.shape[0], weight.shape[1]), BASE_MENU), bias)
@@ -299,7 +303,8 @@ class FusedLlamaRunner:
         calls = []
         for a, b, keys in key_block_spans(past, s):
             start = a
-            for size in self.attention_tiles.plan(b - a):
+            plan = self.attention_tiles.plan(b - a) if self.exact_shapes else (round_up(b - a, TILE),)
+            for size in plan:
                 real = min(size, b - start)
                 calls.append((start, real, size, keys, prefill_mask(size, past + start, keys, self.device)))
                 start += real

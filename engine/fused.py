@@ -77,6 +77,7 @@ class FusedLlamaRunner:
         weights: WeightsFormat = "float32",
         tokenizer: Any = None,
         kv_codec: KVCodec | None = None,
+        exact_shapes: bool = True,
     ) -> None:
         reason = fused_unsupported_reason(model)
         if reason:
@@ -131,6 +132,9 @@ class FusedLlamaRunner:
         # batch_invariant decode runs a prefill's shapes (TILE matmul rows, one query tile over full
         # key blocks): a token never depends on its batch mates, and its KV equals a prefill's
         self.batch_invariant = batch_invariant
+        # False: each prefill matmul and key-block span in one call of whatever size (reuse then rounds
+        # as the kernels choose; kept to measure what the exact shapes cost)
+        self.exact_shapes = exact_shapes
         # K/V are rounded through the cache's storage format before attention, on every path
         self.kv_codec = kv_codec
         self._kv_round = kv_codec.round if kv_codec is not None and not kv_codec.identity else None
@@ -161,6 +165,8 @@ class FusedLlamaRunner:
             return int8_linear(x, weight, bias)
         if x.shape[0] < TILE:  # decode's few rows: no row-exactness is promised there
             return packed(x) if packed is not None else F.linear(x, weight, bias)
+        if not self.exact_shapes:
+            return F.linear(x, weight, bias)
         # the lm_head has no menu: it only ever runs one tile of rows (or decode's few)
         return tiled_linear(x, weight, self.menus.get(tuple(weight.shape), BASE_MENU), bias)
 
@@ -277,7 +283,8 @@ class FusedLlamaRunner:
         buffer.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
         x = self.embed_ids(token_ids, round_up(s, TILE))  # [R, hidden], the real rows first
         positions = torch.arange(past, past + x.shape[0], device=self.device)
-        attention = PrefillAttention(buffer, past, s, self.attention_tiles, self.scale)
+        tiles = self.attention_tiles if self.exact_shapes else None
+        attention = PrefillAttention(buffer, past, s, tiles, self.scale)
         x = self.run_layers(x, positions, attention)
         buffer.set_length(past + s)
         return self.last_logits(x[:s])

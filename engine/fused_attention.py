@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from engine.kv.state import KVBuffer
 from engine.prefill_shapes import QUERY_ROWS, aligned_keys, key_block_spans, prefill_mask
-from engine.row_tiles import TileMenu
+from engine.row_tiles import TILE, TileMenu, round_up
 
 # one attention call of a prefill: first query row, real rows, tile rows, keys read, mask [tile, keys]
 _Call = tuple[int, int, int, int, torch.Tensor]
@@ -79,7 +79,9 @@ class PrefillAttention:
     """``tokens`` new tokens after the ``past`` a buffer holds (rows past ``tokens`` are matmul
     padding: they write nothing and attend to nothing)."""
 
-    def __init__(self, buffer: KVBuffer, past: int, tokens: int, tiles: TileMenu, scale: float) -> None:
+    def __init__(
+        self, buffer: KVBuffer, past: int, tokens: int, tiles: TileMenu | None, scale: float
+    ) -> None:
         self.past, self.tokens, self.scale = past, tokens, scale
         self.keys_end = aligned_keys(past + tokens)
         buffer.reserve(self.keys_end)
@@ -87,13 +89,13 @@ class PrefillAttention:
         self.k_store, self.v_store = buffer.stores()
         self.calls = self._calls(tiles, buffer.k_store.device if buffer.k_store is not None else "cpu")
 
-    def _calls(self, tiles: TileMenu, device: object) -> list[_Call]:
-        """Per key block the queries' positions fall in, query tiles from the attention menu, each
-        under an explicit mask (see engine.prefill_shapes)."""
+    def _calls(self, tiles: TileMenu | None, device: object) -> list[_Call]:
+        """Per key block the queries' positions fall in, query tiles from the attention menu (None:
+        one call per key block), each under an explicit mask (see engine.prefill_shapes)."""
         calls = []
         for a, b, keys in key_block_spans(self.past, self.tokens):
             start = a
-            for size in tiles.plan(b - a):
+            for size in tiles.plan(b - a) if tiles is not None else (round_up(b - a, TILE),):
                 real = min(size, b - start)
                 calls.append((start, real, size, keys, prefill_mask(size, self.past + start, keys, device)))
                 start += real

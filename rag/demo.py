@@ -107,7 +107,9 @@ def run_demo(
             f"({kv.get('bytes_per_token', 0):,} bytes per token, {kv.get('kv_dtype', '?')} KV)\n"
             f"{stats.get('weights', config.engine.weights)} weights, "
             f"{stats.get('weight_bytes', 0) / 2**20:.0f} MiB in memory, computing in "
-            f"{_dtype_line(stats.get('dtype'))}",
+            f"{_dtype_line(stats.get('dtype'))}\n"
+            f"exact reuse on this machine: [bold]{_verdict(stats.get('exact_reuse'))}[/] "
+            f"({stats.get('exact_reuse_reason', 'not reported by this engine')})",
             title="prefix cache",
         )
     )
@@ -119,6 +121,10 @@ def run_demo(
 def _dtype_line(choice: dict[str, str] | None) -> str:
     """The engine's compute dtype and why (a remote engine does not say)."""
     return f"{choice['dtype']} ({choice['reason']})" if choice else "the remote server's dtype"
+
+
+def _verdict(exact: bool | None) -> str:
+    return {True: "bit-exact", False: "within float rounding", None: "not checked"}[exact]
 
 
 def chunks_panel(answers: list[Answer], cold_ms: float) -> Panel:

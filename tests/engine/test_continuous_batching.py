@@ -5,6 +5,8 @@ The structure is asserted on the runner's calls (which call ran when), not on ti
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
@@ -65,7 +67,7 @@ def test_a_long_prefill_runs_between_the_decode_steps_of_a_running_stream(engine
     assert len(chunks) >= len(long) // MIXED  # cut into chunks while the other stream decodes
     assert all(calls[i][2] <= MIXED for i in chunks)
     assert sum(calls[i][2] for i in chunks) == len(long)
-    for a, b in zip(chunks, chunks[1:]):  # a decode step of the running stream between every two chunks
+    for a, b in itertools.pairwise(chunks):  # a decode step of the running stream between every two chunks
         assert any(call[0] == "decode" for call in calls[a + 1 : b]), calls[a : b + 1]
     assert engine.stats()["mixed_steps"] >= len(chunks) - 1
     # batch_invariant: what runs beside a request changes none of its tokens

@@ -17,7 +17,6 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from engine.dtype import DTypeChoice
 from rag.api.deps import ServicesDep
 from rag.api.services import Services
 from rag.api.version import package_version
@@ -46,11 +45,14 @@ async def server_info(services: ServicesDep) -> dict[str, Any]:
     """Server limits and state (SGLang's ``/get_server_info`` names where one applies).
 
     ``prefix_caching`` is what the loaded engine decided (it turns caching off for models whose KV
-    cannot be reused exactly, whatever the settings ask), ``dtype`` the dtype it computes in and why;
-    both null while the model loads.
+    cannot be reused exactly, whatever the settings ask), null while the model loads;
+    ``exact_reuse`` (and its reason) whether reused KV gives the same bits as computing it on this
+    machine (engine.exact_reuse), null while loading, for a remote engine, or with caching off;
+    ``dtype`` the dtype the engine computes in and why, null while loading.
     """
     settings = services.settings
     engine = services.engine
+    stats = engine.stats() if engine is not None else {}
     return {
         "served_model_name": _model_id(services),
         "version": package_version(),
@@ -59,14 +61,10 @@ async def server_info(services: ServicesDep) -> dict[str, Any]:
         "max_running_requests": settings.max_inflight,
         "prefix_caching": None if engine is None else bool(getattr(engine, "caching", False)),
         "cache_bytes": settings.engine.cache_bytes,
-        # the compute dtype the loaded engine runs and why ("auto" resolves per CPU); null while loading
-        "dtype": _engine_dtype(engine),
+        "dtype": stats.get("dtype"),  # the compute dtype and why ("auto" resolves per CPU)
+        "exact_reuse": stats.get("exact_reuse"),
+        "exact_reuse_reason": stats.get("exact_reuse_reason"),
     }
-
-
-def _engine_dtype(engine: Any) -> dict[str, str] | None:
-    choice = getattr(engine, "dtype", None)  # a RemoteEngine-backed server has none
-    return choice.to_dict() if isinstance(choice, DTypeChoice) else None
 
 
 def _model_id(services: Services) -> str:

@@ -8,7 +8,7 @@ PIP := $(BIN)/pip
 STAMP := $(VENV)/.prefixrag-setup-stamp
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test lint format bench bench-quick serve clean
+.PHONY: setup demo test lint format bench bench-quick bench-vllm vllm serve clean
 
 setup: $(STAMP)
 
@@ -42,6 +42,14 @@ bench: setup
 
 bench-quick: setup
 	$(BIN)/prefixrag bench --quick --out bench-results
+
+# vLLM's CPU backend in its own venv under $$PREFIXRAG_HOME/peers (~0.6 GB of wheels, once)
+vllm: setup
+	$(PY) -m rag.benchmark.vllm_peer setup
+
+# prefixrag against vLLM on this machine (about 15 minutes on 2 cores)
+bench-vllm: vllm
+	$(BIN)/prefixrag bench-vllm --out docs/benchmarks/vllm
 
 serve: setup
 	$(BIN)/prefixrag serve --host 127.0.0.1 --port 8000

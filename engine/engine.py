@@ -153,8 +153,9 @@ class Engine:
     def from_config(cls, config: EngineConfig) -> Engine:
         loaded = load_model(config.model, dtype=choose_dtype(config.dtype).dtype)
         engine = cls(loaded.model, loaded.tokenizer, model_id=loaded.model_id, config=config)
-        if config.weights == "int8":  # this engine owns the model; its runner computes with int8 copies
-            drop_float_linears(loaded.model)
+        runner = engine.runner
+        if isinstance(runner, FusedLlamaRunner) and (config.weights == "int8" or runner.packed):
+            drop_float_linears(loaded.model)  # this engine owns the model; its runner holds its own copies
         return engine
 
     # ---- public API -------------------------------------------------------------------------

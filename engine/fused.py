@@ -48,7 +48,7 @@ from engine.llama_weights import (
     int8_layers,
     weight_bytes,
 )
-from engine.packed_linear import PackedLinear
+from engine.packed_linear import PackedLinear, packed_menu
 from engine.prefill_shapes import aligned_keys, attention_menu
 from engine.quant.linear import Int8Weight, int8_linear, rescore_top
 from engine.rope_table import RopeTable
@@ -108,24 +108,25 @@ class FusedLlamaRunner:
         self.lm_head: Weight
         # int8: the float lm_head and final norm that rescore int8's best candidates exactly
         self.exact_head: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.packed_head: PackedLinear | None = None
+        self.packed = False  # the float Linears are PackedLinears (the model's own copies unused)
         if weights == "int8":
             self.exact_head = (self.final_norm, model.lm_head.weight)
             self.layers, self.final_norm, self.lm_head = int8_layers(model, tokenizer, self.dtype)
         else:
             self.layers = [fuse_layer(layer) for layer in inner.layers]
             self.lm_head = model.lm_head.weight
-            for layer in self.layers:
-                layer.pack()
-            if self.layers[0].packed is not None:
-                self.packed_head = PackedLinear.of(model.lm_head.weight)
+            # bfloat16: every float matmul on weights packed once for oneDNN (engine.packed_linear)
+            self.packed = all([layer.pack() for layer in self.layers])
+            if self.packed:
+                self.lm_head = PackedLinear.of(model.lm_head.weight)
         # float matmuls of TILE rows or more run as calibrated tiles (a prefill always has that many);
         # decode runs its B rows as they are (a GEMV is much faster), unless batch_invariant
         self.menus: dict[tuple[int, ...], TileMenu] = {}
         first = self.layers[0]
+        menu = packed_menu if self.packed else linear_menu  # calibrated on the kernel that runs
         for w in (first.wqkv, first.wo, first.wgu, first.wdown):
-            if isinstance(w, torch.Tensor):
-                self.menus[tuple(w.shape)] = linear_menu(w.shape[1], w.shape[0], w.dtype)
+            if isinstance(w, (torch.Tensor, PackedLinear)):
+                self.menus[tuple(w.shape)] = menu(w.shape[1], w.shape[0], w.dtype)
         self.attention_tiles = attention_menu(
             self._attend, self.heads, self.kv_heads, self.head_dim, self.dtype, self.scale
         )
@@ -144,31 +145,26 @@ class FusedLlamaRunner:
         return KVBuffer(self.num_layers, aligned_keys(capacity), self.kv_codec)
 
     def weight_bytes(self) -> int:
-        """Bytes of the weights this runner computes with (embedding, norms, Linears, lm_head, and
-        decode's packed copies)."""
+        """Bytes of the weights this runner computes with (embedding, norms, Linears, lm_head)."""
         held: list[Any] = [self.embed, self.final_norm, self.lm_head, *(self.exact_head or ())]
-        held.append(self.packed_head)
         for layer in self.layers:
-            held += [*layer.tensors(), *(layer.packed or ())]
+            held += layer.tensors()
         return weight_bytes(held)
 
     # ---- building blocks --------------------------------------------------------------------
-    def _linear(
-        self,
-        x: torch.Tensor,
-        weight: Weight,
-        bias: torch.Tensor | None = None,
-        packed: PackedLinear | None = None,
-    ) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
         # every projection and the lm_head go through here: x [T, in] -> [T, out]
         if isinstance(weight, Int8Weight):
             return int8_linear(x, weight, bias)
-        if x.shape[0] < TILE:  # decode's few rows: no row-exactness is promised there
-            return packed(x) if packed is not None else F.linear(x, weight, bias)
-        if not self.exact_shapes:
+        if x.shape[0] < TILE or not self.exact_shapes:  # decode's few rows: no row-exactness promised
+            if isinstance(weight, PackedLinear):
+                return weight(x) if bias is None else weight(x) + bias
             return F.linear(x, weight, bias)
         # the lm_head has no menu: it only ever runs one tile of rows (or decode's few)
-        return tiled_linear(x, weight, self.menus.get(tuple(weight.shape), BASE_MENU), bias)
+        menu = self.menus.get(tuple(weight.shape), BASE_MENU)
+        if isinstance(weight, PackedLinear):
+            return weight.tiled(x, menu, bias)
+        return tiled_linear(x, weight, menu, bias)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         h = x.float()
@@ -184,21 +180,19 @@ class FusedLlamaRunner:
         self, layer: LlamaLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # x: [T, hidden] -> q [T, H, D], k/v [T, KVH, D] (rope applied to q and k)
-        packed = layer.packed[0] if layer.packed is not None else None
-        qkv = self._linear(self._norm(x, layer.in_norm), layer.wqkv, layer.bqkv, packed)
+        qkv = self._linear(self._norm(x, layer.in_norm), layer.wqkv, layer.bqkv)
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         # q and k rotate in one elementwise pass: the same bits as one at a time
         qk = self._rope(qkv[:, : (h + kvh) * d].view(-1, h + kvh, d), cos, sin)
         return qk[:, :h].contiguous(), qk[:, h:], qkv[:, (h + kvh) * d :].view(-1, kvh, d)
 
     def _mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
-        up, down = (layer.packed[2], layer.packed[3]) if layer.packed is not None else (None, None)
-        gate, value = self._linear(self._norm(x, layer.post_norm), layer.wgu, None, up).chunk(2, dim=-1)
-        return self._linear(F.silu(gate) * value, layer.wdown, None, down)
+        gate, value = self._linear(self._norm(x, layer.post_norm), layer.wgu).chunk(2, dim=-1)
+        return self._linear(F.silu(gate) * value, layer.wdown)
 
     def _attn_out(self, layer: LlamaLayer, attn: torch.Tensor) -> torch.Tensor:
         # attn: [T, H*D] -> [T, hidden] (o_proj)
-        return self._linear(attn, layer.wo, layer.bo, layer.packed[1] if layer.packed is not None else None)
+        return self._linear(attn, layer.wo, layer.bo)
 
     def _attend(
         self,
@@ -219,7 +213,7 @@ class FusedLlamaRunner:
         return x if self._kv_round is None else self._kv_round(x)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self._linear(self._norm(x, self.final_norm), self.lm_head, None, self.packed_head).float()
+        logits = self._linear(self._norm(x, self.final_norm), self.lm_head).float()
         if self.exact_head is not None:
             norm, head = self.exact_head
             logits = rescore_top(logits, self._norm(x, norm), head)

@@ -2,7 +2,7 @@
 
 Built from a Hugging Face Llama-family model: q/k/v and gate/up fused into one matrix each (the model's
 own parameters become views into them, so nothing is held twice), or the model's int8 copy
-(engine.quant). For decode, float weights are also held prepacked (engine.packed_linear).
+(engine.quant); bfloat16 weights prepacked for their kernel (engine.packed_linear).
 
 Example:
     >>> layers = [fuse_layer(layer) for layer in model.model.layers]   # doctest: +SKIP
@@ -23,13 +23,13 @@ from engine.quant.model import int8_model
 from engine.runner import prefix_reuse_blocker
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
-Weight = torch.Tensor | Int8Weight  # a Linear weight [out, in]: float, or packed int8
+_FUSED_MARKER = "_prefixrag_fused_"  # module attribute holding the fused tensor its slices view
+Weight = torch.Tensor | Int8Weight | PackedLinear  # a Linear weight [out, in]: float, int8 or packed
 
 
 @dataclass
 class LlamaLayer:
-    """One decoder layer's weights; ``packed``: decode's prepacked copies of the float Linears (qkv,
-    o, gate/up, down), None where packing does not apply (float32, int8)."""
+    """One decoder layer's weights."""
 
     in_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -39,19 +39,16 @@ class LlamaLayer:
     bo: torch.Tensor | None
     wgu: Weight  # [2 I, hidden]
     wdown: Weight  # [hidden, I]
-    packed: tuple[PackedLinear, PackedLinear, PackedLinear, PackedLinear] | None = None
 
-    def pack(self) -> None:
-        """Prepack the float Linears for decode (a no-op where packing does not apply)."""
+    def pack(self) -> bool:
+        """Hold the float Linears packed for their kernel where that pays; whether they now are."""
         weights = (self.wqkv, self.wo, self.wgu, self.wdown)
-        if all(isinstance(w, torch.Tensor) and packing_supported(w.dtype) for w in weights):
-            wqkv, wo, wgu, wdown = (w for w in weights if isinstance(w, torch.Tensor))
-            self.packed = (
-                PackedLinear.of(wqkv, self.bqkv),
-                PackedLinear.of(wo, self.bo),
-                PackedLinear.of(wgu),
-                PackedLinear.of(wdown),
-            )
+        if not all(isinstance(w, torch.Tensor) and packing_supported(w.dtype) for w in weights):
+            return False
+        self.wqkv, self.wo, self.wgu, self.wdown = (
+            PackedLinear.of(w) for w in weights if isinstance(w, torch.Tensor)
+        )
+        return True
 
     def tensors(self) -> list[Weight | None]:
         return [self.in_norm, self.post_norm, self.wqkv, self.bqkv, self.wo, self.bo, self.wgu, self.wdown]
@@ -119,7 +116,7 @@ def int8_layers(
     return layers, int8.final_norm.to(dtype), int8.lm_head
 
 
-def weight_bytes(held: list[Weight | PackedLinear | None]) -> int:
+def weight_bytes(held: list[Weight | None]) -> int:
     """Bytes of these weights: int8 and packed copies as they are, float tensors once per storage
     (a tied lm_head counts once)."""
     tensors: dict[int, int] = {}
@@ -133,14 +130,16 @@ def weight_bytes(held: list[Weight | PackedLinear | None]) -> int:
 
 
 def drop_float_linears(model: Any) -> None:
-    """Free the float weights of every projection once an int8 runner holds copies: the model can no
-    longer run its own forward. The embedding, the norms and the lm_head (read to rescore) stay."""
+    """Free the float weights of every projection once a runner holds its own copies (int8, or packed):
+    the model can no longer run its own forward. The embedding, the norms and the lm_head stay."""
     modules = []
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp
         modules += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
     for module in modules:
         module.weight = torch.nn.Parameter(module.weight.new_empty(0), requires_grad=False)
+        for name in [n for n in vars(module) if n.startswith(_FUSED_MARKER)]:
+            delattr(module, name)  # the fused copy it kept for later runners goes too
 
 
 def _fused_parameter(modules: list[Any], name: str) -> torch.Tensor:
@@ -148,7 +147,7 @@ def _fused_parameter(modules: list[Any], name: str) -> torch.Tensor:
 
     Made once per model: later runners over the same model find the fused tensor and reuse it.
     """
-    marker = f"_prefixrag_fused_{name}"
+    marker = f"{_FUSED_MARKER}{name}"
     params = [getattr(mod, name) for mod in modules]
     fused = getattr(modules[0], marker, None)
     if fused is not None and _points_into(params, fused):

@@ -1,18 +1,19 @@
-"""Linear weights prepacked for decode: a few rows times a weight streamed from memory once.
+"""Linear weights prepacked once, instead of on every call.
 
 ``F.linear`` on a bfloat16 weight hands oneDNN a plain ``[out, in]`` matrix, which oneDNN reorders
-into its blocked layout on every call: for a decode step's one to eight rows that reorder costs
-more than the product itself. :class:`PackedLinear` reorders once, at load, and multiplies with
-oneDNN's kernel for the packed layout (the same kernel and sums as ``F.linear``: on every probe the
-results are equal, bit for bit). float32 weights stay plain (MKL's GEMV reads them as they are), as
-do machines without oneDNN's bfloat16 support.
+into its blocked layout on every call: for a decode step's one to eight rows, or a prefill tile of
+16 or 32, that reorder costs as much as the product itself. :class:`PackedLinear` reorders once, at
+load, and multiplies with oneDNN's kernel for the packed layout. A prefill runs it as calibrated row
+tiles like any float matmul (engine.row_tiles), on a menu measured for this kernel
+(:func:`packed_menu`), so reuse of cached KV stays exact. float32 weights stay plain (MKL's GEMM
+reads them as they are), as do machines without oneDNN's bfloat16 support.
 
 Example:
     >>> w = torch.randn(960, 576).bfloat16()
     >>> packed = PackedLinear.of(w)
     >>> x = torch.randn(2, 576).bfloat16()
-    >>> torch.equal(packed(x), torch.nn.functional.linear(x, w))
-    True
+    >>> torch.equal(packed(x), torch.nn.functional.linear(x, w)), packed.shape
+    (True, (960, 576))
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
+
+from engine.row_tiles import TileMenu, cached_menu, calibrate, problem_rows, tiled_linear
 
 _ROWS_HINT = 1  # the batch size oneDNN tunes the packed layout for: decode's common case
 # packed copies per weight tensor: runners over one model (engines in one process) share them
@@ -37,38 +40,63 @@ def packing_supported(dtype: torch.dtype) -> bool:
     return hasattr(ops, "_reorder_linear_weight") and bool(ops._is_mkldnn_bf16_supported())
 
 
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _ROWS_HINT)
+
+
 class PackedLinear:
-    """``x [M, in] -> [M, out]`` with a weight packed once (or the plain weight where packing does not
-    apply); the bias, if any, is added afterwards, elementwise, as the prefill's tiles add it."""
+    """A float Linear weight ``[out, in]`` in the form its kernel multiplies: packed once where that
+    pays (then the plain tensor is not referenced), else the plain tensor. ``x [M, in] -> [M, out]``."""
 
-    __slots__ = ("bias", "packed", "weight")
+    __slots__ = ("dtype", "packed", "plain", "shape")
 
-    def __init__(self, weight: torch.Tensor, packed: torch.Tensor | None, bias: torch.Tensor | None) -> None:
-        self.weight = weight  # [out, in], kept: the packed copy is opaque
+    def __init__(self, weight: torch.Tensor, packed: torch.Tensor | None) -> None:
+        self.shape = tuple(weight.shape)
+        self.dtype = weight.dtype
         self.packed = packed
-        self.bias = bias
+        self.plain = None if packed is not None else weight
 
     @classmethod
-    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
+    def of(cls, weight: torch.Tensor) -> PackedLinear:
         packed = None
         if packing_supported(weight.dtype):
             packed = _packed.get(weight)
             if packed is None:
-                with torch.inference_mode():
-                    packed = _packed[weight] = torch.ops.mkldnn._reorder_linear_weight(
-                        weight.detach(), _ROWS_HINT
-                    )
-        return cls(weight, packed, bias)
+                packed = _packed[weight] = _pack(weight)
+        return cls(weight, packed)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the packed copy (0 when the plain weight is used)."""
-        p = self.packed
-        return 0 if p is None else p.numel() * p.element_size()
+        """Bytes held (the packed copy, or the plain weight)."""
+        held = self.packed if self.packed is not None else self.plain
+        assert held is not None
+        return held.numel() * held.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """One call over all of ``x``'s rows (decode's few; no row-exactness promised)."""
         if self.packed is None:
-            out = F.linear(x, self.weight)
-        else:
-            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
-        return out if self.bias is None else out + self.bias
+            assert self.plain is not None
+            return F.linear(x, self.plain)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+
+    def tiled(self, x: torch.Tensor, menu: TileMenu, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` as calls of ``menu``'s row counts (:func:`packed_menu`): row i depends on x[i] alone;
+        the bias added afterwards, elementwise."""
+        return tiled_linear(x, x.new_empty(0), menu, bias, matmul=self)
+
+
+def packed_menu(in_features: int, out_features: int, dtype: torch.dtype) -> TileMenu:
+    """The row-tile menu of the packed kernel for an ``[out, in]`` weight of this dtype on this machine
+    (measured once and kept, like every menu: engine.row_tiles)."""
+    key = ("packed_linear", in_features, out_features, dtype)
+    return cached_menu(key, lambda: _calibrate(in_features, out_features, dtype))
+
+
+def _calibrate(in_features: int, out_features: int, dtype: torch.dtype) -> TileMenu:
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(out_features, in_features, generator=gen) / in_features**0.5).to(dtype)
+    x = torch.randn(problem_rows(), in_features, generator=gen).to(dtype)
+    linear = PackedLinear(weight, _pack(weight) if packing_supported(dtype) else None)
+    with torch.inference_mode():
+        return calibrate(lambda start, size: linear(x[start : start + size]))

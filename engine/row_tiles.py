@@ -159,23 +159,30 @@ def _measured(key: tuple[object, ...], measure: Callable[[], TileMenu]) -> TileM
 
 
 def tiled_linear(
-    x: torch.Tensor, weight: torch.Tensor, menu: TileMenu, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    menu: TileMenu,
+    bias: torch.Tensor | None = None,
+    matmul: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``x [R, in] @ weight.T`` as calls of the menu's sizes: row i depends on ``x[i]`` alone.
 
     The bias is added afterwards, elementwise, so it never enters a kernel's accumulation.
+    ``matmul(part)``: the kernel each call runs (default ``F.linear(part, weight)``); the menu must
+    have been calibrated on that kernel.
     """
     rows = x.shape[0]
     plan = menu.plan(rows)
     total = sum(plan)
     if total > rows:
         x = torch.cat([x, x.new_zeros(total - rows, x.shape[1])])
+    product = matmul or (lambda part: F.linear(part, weight))
     if len(plan) == 1:
-        out = F.linear(x, weight)
+        out = product(x)
     else:
         parts, start = [], 0
         for size in plan:
-            parts.append(F.linear(x[start : start + size], weight))
+            parts.append(product(x[start : start + size]))
             start += size
         out = torch.cat(parts)
     out = out[:rows]

@@ -411,6 +411,31 @@ def bench_collections(
     console.print(f"report: {out / 'collections.md'}")
 
 
+@app.command("bench-vllm")
+def bench_vllm(
+    out: Path = typer.Option(Path("bench-results/vllm"), "--out", help="directory for vllm.md/.json"),
+    tiny: bool = typer.Option(False, "--tiny", help="a tiny run that proves the machinery (~3 min)"),
+) -> None:
+    """prefixrag against vLLM's CPU backend on this machine (build it first: `make vllm`)."""
+    import json
+    import shlex
+    import sys
+
+    from rag.benchmark.vllm_bench import VllmBenchConfig, run_vllm_bench
+    from rag.benchmark.vllm_report import vllm_markdown
+
+    _quiet_libraries()
+    config = VllmBenchConfig.tiny() if tiny else VllmBenchConfig()
+    results = run_vllm_bench(config, progress=console.print)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "prefixrag " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    (out / "vllm.json").write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
+    (out / "vllm.md").write_text(vllm_markdown(results, command), encoding="utf-8")
+    console.print(f"report: {out / 'vllm.md'}")
+    if not results["available"]:
+        console.print(f"[yellow]{results['note']}[/]")
+
+
 @app.command()
 def bench(
     quick: bool = typer.Option(False, "--quick", help="under 3 minutes: fewer requests and measured configs"),

@@ -9,15 +9,17 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from engine.config import EngineConfig
-from engine.dtype import cpu_bf16_flags
+from engine.dtype import DType, choose_dtype, cpu_bf16_flags
 from engine.engine import Engine
+from engine.fused import FusedLlamaRunner
 from engine.models import DEFAULT_MODEL, load_model
 from engine.sampling import SamplingParams
+from rag.benchmark.limits import decode_bytes_per_token, physical_limits, prefill_flops, shares
 
 QUESTIONS = [
     "How does Python evaluate the arguments of a function call, and in which order are they bound?",
@@ -73,7 +75,7 @@ def _ttft(engine: Engine, prompt: Any, namespace: str) -> tuple[float, Any]:
 
 def run_engine_bench(
     model: str = DEFAULT_MODEL,
-    dtype: Literal["float32", "bfloat16"] = "float32",
+    dtype: DType = "auto",
     repeats: int = 5,
     decode_tokens: int = 48,
     context_tokens: int = 1500,
@@ -81,13 +83,20 @@ def run_engine_bench(
     batch_sizes: Sequence[int] = (1, 2, 4, 8),
     decode_repeats: int | None = None,
     compare_bfloat16: bool = True,
+    limits: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Measure the engine against itself with caching off and against transformers' generate, and
-    (``compare_bfloat16``, for a float32 run) float32 against bfloat16 side by side.
+    """Measure the engine (``dtype``: the engine's default, "auto", unless given) against itself with
+    caching off and against transformers' generate, and (``compare_bfloat16``) float32 against
+    bfloat16 side by side; each figure as a share of the machine's ``limits`` (rag.benchmark.limits,
+    measured here when not given).
 
     ``progress`` is called once per stage: warm-up, each TTFT round, decode, batched decode, dtypes.
     """
     say = progress or (lambda _msg: None)
+    chosen = choose_dtype(dtype)
+    dtype = chosen.dtype
+    say("physical limits")
+    limits = limits or physical_limits()
     loaded = load_model(model, dtype=dtype)
     tok = loaded.tokenizer
     cached = Engine(
@@ -102,7 +111,13 @@ def run_engine_bench(
     context = rag_context(tok, context_tokens)
     prompts = [rag_messages(context, q) for q in QUESTIONS]
     prompt_tokens = len(cached.encode(prompts[0]))
-    out: dict[str, Any] = {"model": loaded.model_id, "dtype": dtype, "prompt_tokens": prompt_tokens}
+    out: dict[str, Any] = {
+        "model": loaded.model_id,
+        "dtype": dtype,
+        "dtype_reason": chosen.reason,
+        "prompt_tokens": prompt_tokens,
+        "limits": limits,
+    }
     try:
         say("warm-up")
         _ttft(off, prompts[0], "warmup")
@@ -149,9 +164,10 @@ def run_engine_bench(
         out["decode"] = _decode_bench(cached, loaded.model, tok, prompts[0], decode_tokens, runs)
         say("batched decode")
         out["batched_decode"] = batched_decode(cached, prompts, decode_tokens, batch_sizes)
-        if compare_bfloat16 and dtype == "float32":
+        out["shares"] = _shares(cached, out, limits)
+        if compare_bfloat16:
             say("float32 vs bfloat16")
-            out["dtypes"] = compare_dtypes(model, (cached, off), prompts, repeats, decode_tokens)
+            out["dtypes"] = compare_dtypes(model, dtype, (cached, off), prompts, repeats, decode_tokens)
         stats = cached.cache.stats()
         out["cache"] = {
             "bytes_per_token": stats.used_bytes / max(stats.cached_tokens, 1),
@@ -249,46 +265,82 @@ def batched_decode(engine: Engine, prompts: list[Any], n: int, batch_sizes: Sequ
     return rows
 
 
+def _shares(engine: Engine, out: dict[str, Any], limits: dict[str, Any]) -> dict[str, float]:
+    """Decode at the prompt's context and cold prefill of the prompt, as shares of the limits."""
+    runner, cfg = engine.runner, engine.runner.config
+    assert isinstance(runner, FusedLlamaRunner)  # the default model always runs on the fused runner
+    tokens = out["prompt_tokens"]
+    geometry = engine.kv_geometry
+    element = torch.empty(0, dtype=runner.dtype).element_size()
+    embedding = runner.model.model.embed_tokens.weight
+    figures = {
+        "decode_bytes": decode_bytes_per_token(
+            runner.weight_bytes(), embedding.numel() * embedding.element_size(), geometry, element, tokens
+        ),
+        "decode_s": out["decode"]["ours_ms_per_token"] / 1000,
+        "prefill_flops": prefill_flops(linear_params(cfg), geometry, int(cfg.num_attention_heads), tokens),
+        "cold_s": out["ttft"]["cold_s"],
+    }
+    return {**figures, **shares(figures, limits, out["dtype"])}
+
+
+def linear_params(cfg: Any) -> int:
+    """Weights of every Linear a token passes through (q/k/v, o, gate/up, down per layer, lm_head)."""
+    hidden, heads = int(cfg.hidden_size), int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
+    per_layer = (heads + 2 * kv_heads) * head_dim * hidden + hidden * heads * head_dim
+    per_layer += 3 * int(cfg.intermediate_size) * hidden
+    return int(cfg.num_hidden_layers) * per_layer + int(cfg.vocab_size) * hidden
+
+
 def compare_dtypes(
-    model: str, float32: tuple[Engine, Engine], prompts: list[Any], repeats: int, decode_tokens: int
+    model: str,
+    dtype: str,
+    engines_of_dtype: tuple[Engine, Engine],
+    prompts: list[Any],
+    repeats: int,
+    decode_tokens: int,
 ) -> dict[str, Any]:
     """float32 against bfloat16, side by side and interleaved: cold TTFT (caching off), warm TTFT (the
-    context cached, a new question) and decode ms/token. ``float32``: the (cached, caching-off) engines.
+    context cached, a new question) and decode ms/token. ``engines_of_dtype``: the (cached,
+    caching-off) engines already built in ``dtype``; the other dtype's are built here.
 
     Example:
-        >>> compare_dtypes("smollm2-135m-instruct", (cached, off), prompts, 3, 32)["speedup"]  # doctest: +SKIP
+        >>> compare_dtypes("smollm2-135m-instruct", "bfloat16", (cached, off), prompts, 3, 32)["speedup"]  # doctest: +SKIP
         {'cold': 2.1, 'warm': 1.6, 'decode': 1.3}
     """
-    loaded = load_model(model, dtype="bfloat16")
+    other = "float32" if dtype == "bfloat16" else "bfloat16"
+    loaded = load_model(model, dtype=other)
 
     def engine(**options: Any) -> Engine:
-        config = EngineConfig(model=model, dtype="bfloat16", **options)
+        config = EngineConfig(model=model, dtype=other, **options)  # type: ignore[arg-type]
         return Engine(loaded.model, loaded.tokenizer, model_id=loaded.model_id, config=config)
 
-    engines = {"float32": float32, "bfloat16": (engine(), engine(enable_prefix_cache=False))}
+    engines = {dtype: engines_of_dtype, other: (engine(), engine(enable_prefix_cache=False))}
     samples: dict[str, dict[str, list[float]]] = {d: {"cold": [], "warm": [], "decode": []} for d in engines}
     params = SamplingParams(max_tokens=decode_tokens, ignore_eos=True)
     try:
-        _ttft(engines["bfloat16"][1], prompts[0], "warmup")
+        _ttft(engines[other][1], prompts[0], "warmup")
         for i in range(repeats):
-            for dtype in engines if i % 2 == 0 else reversed(list(engines)):  # alternate who goes first
-                cached, off = engines[dtype]
-                figures = samples[dtype]
+            for name in engines if i % 2 == 0 else reversed(list(engines)):  # alternate who goes first
+                cached, off = engines[name]
+                figures = samples[name]
                 figures["cold"].append(_ttft(off, prompts[i % len(prompts)], "")[0])
                 cached.generate(prompts[-1], SamplingParams(max_tokens=1), namespace="dtypes")
                 figures["warm"].append(_ttft(cached, prompts[(i + 1) % (len(prompts) - 1)], "dtypes")[0])
                 run = cached.generate(prompts[i % len(prompts)], params, namespace=f"dtypes-decode-{i}")
                 figures["decode"].append(run.tpot_s)
     finally:
-        for eng in engines["bfloat16"]:
+        for eng in engines[other]:
             eng.close()
     out: dict[str, Any] = {
-        dtype: {
+        name: {
             "cold_s": _median(f["cold"]),
             "warm_s": _median(f["warm"]),
             "decode_ms_per_token": 1000 * _median(f["decode"]),
         }
-        for dtype, f in samples.items()
+        for name, f in samples.items()
     }
     fp32, bf16 = out["float32"], out["bfloat16"]
     out["speedup"] = {  # bfloat16 over float32: > 1 means bfloat16 is faster

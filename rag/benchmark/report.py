@@ -398,9 +398,31 @@ def _engine_section(res: dict[str, Any]) -> str:
             f"| no slower: {'met' if d['speedup'] >= 1.0 else '**missed**'} |",
             "",
             f"Batched decode throughput by concurrent requests: {batched}.",
+            *_limits_lines(eng),
             *_dtype_lines(eng.get("dtypes")),
         ]
     )
+
+
+def _limits_lines(eng: dict[str, Any]) -> list[str]:
+    """The machine's limits measured in this run, and decode and prefill as shares of them."""
+    limits, share = eng.get("limits"), eng.get("shares")
+    if not limits or not share:
+        return []
+    peaks = ", ".join(f"{name} {gflops:.0f}" for name, gflops in limits["matmul_gflops"].items())
+    return [
+        "",
+        f"Physical limits, measured in this run at {limits['threads']} threads: memory read "
+        f"{limits['read_gb_s']:.1f} GB/s and copy {limits['copy_gb_s']:.1f} GB/s (read + written) over "
+        f"{limits['buffer_bytes'] / 2**30:.0f} GiB; a {limits['matmul_size']}-square matmul peaks at {peaks} "
+        f"GFLOP/s (int8: GOP/s). Against them, in {eng['dtype']} ({eng.get('dtype_reason', '')}): decode "
+        f"streams {share['decode_bytes'] / 1e6:.0f} MB a token (weights and the {eng['prompt_tokens']}-token "
+        f"context's KV) at {share['decode_gb_s']:.1f} GB/s = {100 * share['decode_share_of_read']:.0f}% of the "
+        f"read bandwidth; cold prefill computes {share['prefill_flops'] / 1e9:.0f} GFLOP at "
+        f"{share['prefill_gflops']:.0f} GFLOP/s = {100 * share['prefill_share_of_peak']:.0f}% of the "
+        f"{eng['dtype']} matmul peak. (The weights can sit partly in a large last-level cache, so decode "
+        "may exceed the DRAM figure.)",
+    ]
 
 
 def _dtype_lines(dtypes: dict[str, Any] | None) -> list[str]:

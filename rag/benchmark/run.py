@@ -396,11 +396,15 @@ def _steady_replay(config: BenchConfig, kb: KnowledgeBase, sim: Simulator) -> Re
 
 
 def _demo_knowledge_base(console: Console) -> KnowledgeBase:
+    return demo_knowledge_base(console)
+
+
+def demo_knowledge_base(console: Console | None = None) -> KnowledgeBase:
     """The saved demo index of the bundled Python reference (built on first use, then reused)."""
     from rag.config import RAGConfig
     from rag.demo import default_demo_index, open_demo_pipeline
 
-    return open_demo_pipeline(console, RAGConfig(), default_demo_index()).kb
+    return open_demo_pipeline(console or Console(), RAGConfig(), default_demo_index()).kb
 
 
 def _max_context(loaded: LoadedModel) -> int:

@@ -1,0 +1,110 @@
+"""The machine's physical limits, measured in the benchmark's own run, and each engine figure as a
+share of its limit.
+
+Decode reads every weight and the whole KV cache once per token: it is bound by memory bandwidth, so
+its figure is the bytes it streams per token over the time, against a read loop over a buffer larger
+than the last-level cache (and a copy loop, which also writes). Prefill is bound by the matmul units:
+its figure is the FLOPs of the prompt over the cold TTFT, against a large square GEMM of the same
+dtype. Both limits are measured at the engine's thread count, best of a few runs (a busy machine only
+adds time).
+
+Example:
+    >>> limits = physical_limits(buffer_bytes=64 << 20, matmul_size=256)
+    >>> sorted(limits["matmul_gflops"])
+    ['bfloat16', 'float32', 'int8']
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from engine.kv.codec import KVGeometry
+
+BUFFER_BYTES = 2 << 30  # larger than any last-level cache here (this project's VMs have up to 300 MB)
+MATMUL_SIZE = 2048  # square GEMM: compute-bound for every dtype on CPU
+REPEATS = 5
+
+
+def _best(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # first touch and kernel selection out of the way
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def physical_limits(
+    buffer_bytes: int = BUFFER_BYTES, matmul_size: int = MATMUL_SIZE, repeats: int = REPEATS
+) -> dict[str, Any]:
+    """Memory bandwidth (GB/s: a read loop, a copy loop counting bytes read plus written) and the
+    matmul peak (GFLOP/s, int8: GOP/s) per dtype, at torch's current thread count."""
+    with torch.inference_mode():
+        read_s, copy_s = _bandwidth(buffer_bytes, repeats)
+        n = matmul_size
+        peaks: dict[str, float] = {}
+        for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+            a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+            peaks[name] = 2 * n**3 / _best(_product(torch.matmul, a, b), repeats) / 1e9
+        if hasattr(torch, "_int_mm"):
+            a8 = torch.randint(-127, 128, (n, n), dtype=torch.int8)
+            b8 = torch.randint(-127, 128, (n, n), dtype=torch.int8)
+            peaks["int8"] = 2 * n**3 / _best(_product(torch._int_mm, a8, b8), repeats) / 1e9
+    return {
+        "threads": torch.get_num_threads(),
+        "buffer_bytes": buffer_bytes,
+        "read_gb_s": buffer_bytes / read_s / 1e9,
+        "copy_gb_s": 2 * buffer_bytes / copy_s / 1e9,
+        "matmul_size": matmul_size,
+        "matmul_gflops": peaks,
+    }
+
+
+def _bandwidth(buffer_bytes: int, repeats: int) -> tuple[float, float]:
+    """Seconds to read ``buffer_bytes`` (a sum) and to copy them (read and write)."""
+    src = torch.ones(buffer_bytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    return _best(src.sum, repeats), _best(lambda: dst.copy_(src), repeats)
+
+
+def _product(
+    op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], a: torch.Tensor, b: torch.Tensor
+) -> Callable[[], object]:
+    return lambda: op(a, b)
+
+
+def decode_bytes_per_token(
+    weight_bytes: int, embedding_bytes: int, geometry: KVGeometry, dtype_bytes: int, context: int
+) -> int:
+    """Bytes one decode step streams at ``context`` tokens: every weight but the embedding table (one
+    row of it is read) plus every layer's keys and values (in the compute dtype, as attention reads them)."""
+    return weight_bytes - embedding_bytes + geometry.raw_bytes_per_token(dtype_bytes) * context
+
+
+def prefill_flops(linear_params: int, geometry: KVGeometry, heads: int, tokens: int) -> float:
+    """Multiply-adds x 2 of a prompt's prefill: every Linear (the lm_head once, for the last token)
+    and causal attention (scores and values: about tokens^2 / 2 per head and layer)."""
+    attention = 2 * 2 * geometry.layers * heads * geometry.head_dim * tokens * tokens / 2
+    return 2 * linear_params * tokens + attention
+
+
+def shares(engine_figures: dict[str, float], limits: dict[str, Any], dtype: str) -> dict[str, float]:
+    """Decode's streamed GB/s and prefill's GFLOP/s, each with its share of the measured limit.
+
+    ``engine_figures``: ``decode_bytes`` (per token), ``decode_s`` (per token), ``prefill_flops``,
+    ``cold_s``."""
+    decode_gb_s = engine_figures["decode_bytes"] / engine_figures["decode_s"] / 1e9
+    prefill_gflops = engine_figures["prefill_flops"] / engine_figures["cold_s"] / 1e9
+    peak = limits["matmul_gflops"].get(dtype, float("nan"))
+    return {
+        "decode_gb_s": decode_gb_s,
+        "decode_share_of_read": decode_gb_s / limits["read_gb_s"],
+        "decode_share_of_copy": decode_gb_s / limits["copy_gb_s"],
+        "prefill_gflops": prefill_gflops,
+        "prefill_share_of_peak": prefill_gflops / peak,
+    }

@@ -69,6 +69,11 @@ class BenchConfig(BaseModel):
     engine_bfloat16: bool = Field(
         default=True, description="also measure bfloat16 against float32, side by side, in the engine section"
     )
+    limits_buffer_bytes: int = Field(
+        default=2 << 30,
+        ge=1 << 20,
+        description="buffer of the memory-bandwidth loops (larger than the last-level cache)",
+    )
     kv_section: bool = Field(default=True, description="KV storage formats and the disk tier")
     kv_repeats: int = Field(
         default=2, ge=1, description="rounds of cold / RAM-warm / disk-after-restart TTFT"
@@ -164,6 +169,7 @@ class BenchConfig(BaseModel):
             "engine_batch_sizes": (1, 4),
             "engine_decode_repeats": 1,
             "engine_bfloat16": False,
+            "limits_buffer_bytes": 512 << 20,
             "weights_repeats": 1,
             "weights_answer_tokens": 16,
             "fidelity_answer_tokens": 16,

@@ -400,7 +400,21 @@ def _engine_section(res: dict[str, Any]) -> str:
             f"Batched decode throughput by concurrent requests: {batched}.",
             *_limits_lines(eng),
             *_dtype_lines(eng.get("dtypes")),
+            "",
+            _vllm_line(res),
         ]
+    )
+
+
+def _vllm_line(res: dict[str, Any]) -> str:
+    """Where the side-by-side with vLLM is, or why there is none."""
+    vllm = res.get("baselines", {}).get("vllm") or {}
+    if not vllm.get("available"):
+        return f"vLLM: {vllm.get('note', 'not checked')}."
+    return (
+        f"vLLM ({vllm['note']}): the side-by-side comparison (the same client against both servers, "
+        "`vllm bench serve`, the RAG stream) is its own run, `make bench-vllm`, written to "
+        "[vllm/vllm.md](vllm/vllm.md)."
     )
 
 

@@ -42,6 +42,7 @@ from rag.benchmark.results import (
 from rag.benchmark.stats import summarize
 from rag.benchmark.sweep import UNBOUNDED, ReplayResult, Simulator, SweepPoint, SweepResult, run_sweep
 from rag.benchmark.texts import SYSTEM_PROMPT, TOOLS
+from rag.benchmark.vllm_peer import vllm_status
 from rag.benchmark.workload import Workload, build_workload
 from rag.knowledge_base import KnowledgeBase
 from rag.prompt.assembler import render_tools
@@ -125,6 +126,8 @@ def run_benchmark(
         config, workloads, sweep, runs, tpot, kb, sim, bpt, (llama_ok, llama_note), steady
     )
     results["engine_section"] = engine_section
+    vllm_ok, vllm_note = vllm_status()
+    results["baselines"]["vllm"] = {"available": vllm_ok, "note": vllm_note}
     results["weights_section"] = weights_section
     results["chunks_section"] = chunks_section
     results["radix_section"] = radix_section
@@ -254,6 +257,7 @@ def _engine_section(config: BenchConfig, clock: _Clock, step: Step) -> dict[str,
     if not config.engine_section:
         return None
     from rag.benchmark.engine_bench import run_engine_bench
+    from rag.benchmark.limits import physical_limits
 
     with clock("engine section"):
         out = run_engine_bench(
@@ -263,6 +267,7 @@ def _engine_section(config: BenchConfig, clock: _Clock, step: Step) -> dict[str,
             batch_sizes=config.engine_batch_sizes,
             decode_repeats=config.engine_decode_repeats,
             compare_bfloat16=config.engine_bfloat16,
+            limits=physical_limits(buffer_bytes=config.limits_buffer_bytes, repeats=3 if config.quick else 5),
             progress=lambda msg: step(f"engine section: {msg}"),
         )
     out["repeats"] = config.engine_repeats

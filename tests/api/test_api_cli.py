@@ -51,6 +51,9 @@ def test_serve_command(tmp_path):
         cache = httpx.get(url + "/v1/cache").json()["cache"]
         assert cache["capacity_bytes"] == 64 << 20  # PREFIXRAG_ENGINE__CACHE_BYTES reached the engine
         assert httpx.get(url + "/").status_code == 200
+        threads = httpx.get(url + "/server_info").json()["threads"]
+        # serve sets it before torch loads (unless the caller's environment did): no spinning OpenMP
+        assert threads["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -13,8 +13,10 @@ about any tenant.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import torch
 from fastapi import APIRouter
 
 from rag.api.deps import ServicesDep
@@ -48,7 +50,8 @@ async def server_info(services: ServicesDep) -> dict[str, Any]:
     cannot be reused exactly, whatever the settings ask), null while the model loads;
     ``exact_reuse`` (and its reason) whether reused KV gives the same bits as computing it on this
     machine (engine.exact_reuse), null while loading, for a remote engine, or with caching off;
-    ``dtype`` the dtype the engine computes in and why, null while loading.
+    ``dtype`` the dtype the engine computes in and why, null while loading; ``threads`` torch's
+    thread count and how its OpenMP threads wait (``prefixrag serve`` makes them passive).
     """
     settings = services.settings
     engine = services.engine
@@ -62,6 +65,7 @@ async def server_info(services: ServicesDep) -> dict[str, Any]:
         "prefix_caching": None if engine is None else bool(getattr(engine, "caching", False)),
         "cache_bytes": settings.engine.cache_bytes,
         "dtype": stats.get("dtype"),  # the compute dtype and why ("auto" resolves per CPU)
+        "threads": {"torch": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
         "exact_reuse": stats.get("exact_reuse"),
         "exact_reuse_reason": stats.get("exact_reuse_reason"),
     }

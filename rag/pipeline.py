@@ -21,12 +21,11 @@ from engine.chunks.reuse import REUSE_MODES
 from engine.request import GenerationResult, StreamEvent
 from engine.sampling import SamplingParams
 from rag.config import RAGConfig
-from rag.ingestion.collection import DocumentInfo
 from rag.ingestion.loaders import LoadResult
 from rag.knowledge_base import KnowledgeBase
 from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler
 from rag.prompt.public import public_prefix_length
-from rag.types import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
+from rag.types import DEFAULT_COLLECTION, Chunk, Document, DocumentInfo, ScoredChunk, check_collection
 from rag.warming import WarmReport, warm_chunks
 
 
@@ -143,7 +142,10 @@ class Pipeline:
         knowledge_base: KnowledgeBase | None = None,
     ) -> None:
         self.config = config or RAGConfig()
-        self.kb = knowledge_base or KnowledgeBase(self.config)
+        if knowledge_base is None:  # the store's ingest-time settings, where it holds documents
+            knowledge_base = KnowledgeBase(self.config)
+            self.config = knowledge_base.config
+        self.kb = knowledge_base
         self._engine = engine
         self._assembler: PromptAssembler | None = None
         self._engine_shares: bool | None = None  # whether the engine takes public_prefix
@@ -151,9 +153,8 @@ class Pipeline:
 
     @classmethod
     def from_config(cls, config: RAGConfig, *, engine: GenerationBackend | None = None) -> Pipeline:
-        """A pipeline for ``config``; loads the saved index when ``config.index_dir`` holds one."""
-        if config.index_dir is not None and _has_index(config.index_dir):
-            return cls.load(config.index_dir, config=config, engine=engine)
+        """A pipeline on the store ``config`` names (``document_store``, else ``index_dir``, which it
+        loads when it holds an index and saves every change to; else in memory)."""
         return cls(config, engine=engine)
 
     @classmethod
@@ -275,6 +276,10 @@ class Pipeline:
     def save(self, directory: str | os.PathLike[str] | None = None) -> Path:
         """Write the index atomically (a crash mid-save leaves the previous one loadable)."""
         return self.kb.save(directory)
+
+    def close(self) -> None:
+        """Let go of the document store (a local directory's writer lock, a database's connections)."""
+        self.kb.close()
 
     # ---- questions ----------------------------------------------------------------------------
     def retrieve(
@@ -449,13 +454,3 @@ def _names(collections: Iterable[str]) -> list[str]:
     if isinstance(collections, str):
         raise ValueError(f"collections must be a list of names, got the string {collections!r}")
     return [check_collection(name) for name in collections]
-
-
-def _has_index(directory: str | os.PathLike[str]) -> bool:
-    from rag.ingestion.persist import current_version
-
-    try:
-        current_version(Path(directory).expanduser())
-    except (FileNotFoundError, ValueError):
-        return False
-    return True

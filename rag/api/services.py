@@ -55,6 +55,7 @@ class Services:
             admin_tenant=settings.admin_tenant,
         )
         self.pipeline = pipeline
+        self._owns_pipeline = pipeline is None
         self.engine = engine if engine is not None else getattr(pipeline, "engine", None)
         self._owns_engine = self.engine is None
         self._engine_factory = engine_factory or (lambda: Engine.from_config(settings.engine))
@@ -97,6 +98,8 @@ class Services:
             self._loader.join(timeout=300)
         if self._owns_engine and self.engine is not None:
             self.engine.close()
+        if self._owns_pipeline and self.pipeline is not None:
+            self.pipeline.close()
 
     def _load(self) -> None:
         try:
@@ -162,16 +165,21 @@ class Services:
 
 
 def build_pipeline(settings: Settings, engine: Any) -> Pipeline:
-    """The pipeline for ``settings.rag`` over ``engine``; opens the index saved in ``settings.index_dir``
-    when there is one (else starts empty and saves there on the first change). With
-    ``settings.warm_up`` the embedder and tokenizer load now rather than on the first question. With
-    ``settings.public_prefix_cache`` the shared collection's chunks are public material."""
+    """The pipeline for ``settings.rag`` over ``engine``, on the document store the settings name:
+    ``document_store`` (shared with other replicas), else ``index_dir`` (loaded when it holds an
+    index, else started empty; every change is saved there; claimed for writing now, so a second
+    server on it fails at startup), else memory. With ``settings.warm_up`` the embedder and tokenizer
+    load now rather than on the first question. With ``settings.public_prefix_cache`` the shared
+    collection's chunks are public material."""
     update: dict[str, Any] = {"engine": settings.engine}  # one engine config: the server's
-    if settings.index_dir is not None:
+    if settings.document_store is not None:
+        update["document_store"] = settings.document_store
+    elif settings.index_dir is not None:
         update["index_dir"] = settings.index_dir
     if settings.public_prefix_cache and settings.shared_collection is not None:
         update["public_collections"] = [settings.shared_collection]
     pipeline = Pipeline.from_config(settings.rag.model_copy(update=update), engine=engine)
+    pipeline.kb.store.claim()
     if settings.warm_up:
         pipeline.warm_up()
     return pipeline

@@ -306,6 +306,15 @@ class SearchIndexes:
                     self._applied[(name, record.doc.id)] = position
             self.generation += 1
 
+    def replace(self, parts: dict[str, CollectionParts]) -> None:
+        """Hold exactly these collections (a store read again from its files)."""
+        with self.lock:
+            self.collections = {}
+            self._applied = {}
+            self.generation += 1
+            for name, collection in parts.items():
+                self.adopt(name, collection)
+
     def _collection(self, name: str) -> Collection:
         coll = self.collections.get(name)
         if coll is None:

@@ -49,6 +49,7 @@ class LocalStore:
         self._config = RAGConfig()
         self._indexes: SearchIndexes | None = None
         self._saved: dict[str, tuple[Path, int]] = {}  # name -> (folder last saved to, changes then)
+        self._seen: str | None = None  # the version of our directory the indexes hold
         self._position = 0
         self._log: dict[tuple[str, str], int] = {}  # document -> its latest position, oldest first
 
@@ -73,20 +74,22 @@ class LocalStore:
 
     def attach(self, indexes: SearchIndexes) -> None:
         self._indexes = indexes
-        version = self._version()
-        if version is None:
-            return
-        for name, parts in read_index(version, self._config).items():
-            indexes.adopt(name, parts)
-        self._remember(version, {name: folder.name for name, folder in collection_folders(version).items()})
+        self._reload()
 
     def claim(self) -> None:
-        if self._lock is not None:
-            self._lock.acquire()
+        """Take the directory's writer lock; if another writer saved since this store read it, read
+        the directory again first (writes go on top of the latest version, never over it)."""
+        if self._lock is None or self._lock.held:
+            return
+        self._lock.acquire()
+        version = self._version()
+        if (version.name if version is not None else None) != self._seen:
+            self._reload()
 
     # -- writes -----------------------------------------------------------------------------------
     def write(self, writes: Sequence[DocumentWrite]) -> int:
         indexes = self._attached()
+        self._claim_directory()
         with indexes.lock:
             previous = [(w.key, indexes.record(*w.key)) for w in writes]
             positions = []
@@ -104,6 +107,7 @@ class LocalStore:
 
     def delete(self, collection: str, doc_id: str) -> bool:
         indexes = self._attached()
+        self._claim_directory()
         with indexes.lock:
             previous = indexes.record(collection, doc_id)
             if previous is None:
@@ -160,6 +164,17 @@ class LocalStore:
             raise ValueError("this store has no directory")
         return self.directory
 
+    def _reload(self) -> None:
+        """Make the indexes hold exactly the directory's live version."""
+        indexes = self._attached()
+        version = self._version()
+        with indexes.lock:
+            parts = read_index(version, self._config) if version is not None else {}
+            indexes.replace(parts)
+            self._seen = version.name if version is not None else None
+            if version is not None:
+                self._remember(version, {n: f.name for n, f in collection_folders(version).items()})
+
     def _version(self) -> Path | None:
         if self.directory is None:
             return None
@@ -190,10 +205,13 @@ class LocalStore:
             else:
                 indexes.apply(state, self._next())
 
+    def _claim_directory(self) -> None:
+        if self.directory is not None:
+            self.claim()  # before any work: a refused write changes nothing
+
     def _persist(self) -> Path | None:
         if self.directory is None:
             return None
-        self.claim()
         return self._save_to(self.directory)
 
     def _save_to(self, root: Path) -> Path:
@@ -219,6 +237,8 @@ class LocalStore:
 
     def _remember(self, version: Path, folders: dict[str, str]) -> None:
         """Record which folder of ``version`` holds each collection as it is now."""
+        if self.directory is not None and _same(version.parent, self.directory):
+            self._seen = version.name
         collections = self._attached().collections
         self._saved = {
             name: (version / folder, collections[name].changes)

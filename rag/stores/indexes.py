@@ -108,6 +108,11 @@ class Collection:
         return len(self.chunks)
 
     @property
+    def dim(self) -> int | None:
+        """The vectors' dimension, once the collection has an index."""
+        return self._index.dim if self._index is not None else None
+
+    @property
     def index(self) -> VectorIndex:
         if self._index is None:
             self._index = self._new_index(self._default_dim())
@@ -274,6 +279,28 @@ class SearchIndexes:
     def applied(self, collection: str, doc_id: str) -> int:
         """The log position a document's state here comes from (0: never seen)."""
         return self._applied.get((collection, doc_id), 0)
+
+    def check(self, writes: Sequence[DocumentWrite]) -> None:
+        """ValueError naming the first write these indexes could not take (vectors not [n >= 1, dim]
+        float rows, or of another dim than the collection's): a store checks before it stores."""
+        with self.lock:
+            for write in writes:
+                coll = self.collections.get(write.collection)
+                dim = coll.dim if coll is not None else None
+                for record in write.chunks:
+                    shape = np.shape(record.vectors)
+                    if (
+                        len(shape) != 2
+                        or not shape[0]
+                        or (dim is not None and shape[1] != dim)
+                        or not shape[1]
+                    ):
+                        want = f"[n, {dim}]" if dim is not None else "[n, dim]"
+                        raise ValueError(
+                            f"document {write.document.id!r}: chunk {record.chunk_id!r} has vectors of "
+                            f"shape {list(shape)}, expected {want} with n >= 1"
+                        )
+                    dim = shape[1] if dim is None else dim
 
     # -- writes -----------------------------------------------------------------------------------
     def apply(self, write: DocumentWrite, position: int) -> bool:

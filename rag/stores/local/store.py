@@ -91,12 +91,13 @@ class LocalStore:
         indexes = self._attached()
         self._claim_directory()
         with indexes.lock:
+            indexes.check(writes)
             previous = [(w.key, indexes.record(*w.key)) for w in writes]
             positions = []
-            for write in writes:
-                positions.append(self._next())
-                indexes.apply(write, positions[-1])
             try:
+                for write in writes:
+                    positions.append(self._next())
+                    indexes.apply(write, positions[-1])
                 self._persist()
             except BaseException:
                 self._undo(previous)
@@ -249,3 +250,15 @@ class LocalStore:
 
 def _same(a: Path, b: Path) -> bool:
     return os.path.abspath(a) == os.path.abspath(b)
+
+
+def export_index(indexes: SearchIndexes, directory: Path, config: RAGConfig) -> Path:
+    """Write what ``indexes`` hold as a new version of the local index directory ``directory``
+    (holding its writer lock meanwhile); return the version."""
+    with indexes.lock, DirectoryLock(directory):
+        collections = list(indexes.collections.values())
+
+        def write(tmp: Path) -> None:
+            write_index(tmp, config, collections)
+
+        return save_version(directory, write)

@@ -165,22 +165,26 @@ class KnowledgeBase:
             coll = self.indexes.get(name)
             changed = [(doc, d) for doc, d in digests if coll is None or coll.needs_update(doc.id, d)]
         new_chunks = {doc.id: self._chunk(doc, name) for doc, _ in changed}
-        with self._lock:  # the store's vectors of chunks it holds already: they are not embedded again
+        with self._lock:  # what this replica holds: reused, not embedded again
             coll = self.indexes.get(name)
             updates = sum(coll is not None and doc.id in coll.docs for doc, _ in changed)
             known = {
-                c.chunk_id: found
-                for chunks in new_chunks.values()
-                for c in chunks
-                if coll is not None and (found := coll.known_vectors(c)) is not None
+                c.chunk_id: r for chunks in new_chunks.values() for c in chunks if (r := _known(coll, c))
             }
             removed = sum(self._stale(coll, doc.id, new_chunks[doc.id]) for doc, _ in changed)
+            # an unchanged document goes to the store as held here: the store has the last word
+            # (another replica may have written it since), and keeps it without a change if so
+            held = {
+                doc.id: w for doc, _ in digests if doc.id not in new_chunks and (w := _held(coll, doc.id))
+            }
         to_embed = [c for chunks in new_chunks.values() for c in chunks if c.chunk_id not in known]
         vectors = self._embed([self.search_text(c) for c in to_embed], show_progress)
         fresh = {c.chunk_id: ChunkRecord(c, vectors[i : i + 1]) for i, c in enumerate(to_embed)}
         writes = [
-            DocumentWrite(name, doc, digest, tuple(_record(c, known, fresh) for c in new_chunks[doc.id]))
-            for doc, digest in changed
+            held[doc.id]
+            if doc.id in held
+            else DocumentWrite(name, doc, digest, tuple(_record(c, known, fresh) for c in new_chunks[doc.id]))
+            for doc, digest in digests
         ]
         if writes:
             self.store.write(writes)
@@ -448,6 +452,14 @@ class KnowledgeBase:
     def _new_index(self, dim: int) -> VectorIndex:
         cfg = self.config
         return VectorIndex(dim, kind=cfg.index_kind, hnsw_threshold=cfg.hnsw_threshold)
+
+
+def _known(coll: Collection | None, chunk: Chunk) -> ChunkRecord | None:
+    return coll.known_vectors(chunk) if coll is not None else None
+
+
+def _held(coll: Collection | None, doc_id: str) -> DocumentWrite | None:
+    return coll.record(doc_id) if coll is not None else None
 
 
 def _record(chunk: Chunk, known: dict[str, ChunkRecord], fresh: dict[str, ChunkRecord]) -> ChunkRecord:

@@ -150,7 +150,8 @@ class DocumentStore(Protocol):
         ...
 
     def write(self, writes: Sequence[DocumentWrite]) -> int:
-        """Store these documents in one atomic, durable step; return the log position it took."""
+        """Store these documents in one atomic, durable step; return the log position it took. A
+        document the store holds with the same digest is left as it is (and shown as stored)."""
         ...
 
     def delete(self, collection: str, doc_id: str) -> bool:

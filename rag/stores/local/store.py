@@ -91,6 +91,9 @@ class LocalStore:
         indexes = self._attached()
         self._claim_directory()
         with indexes.lock:
+            writes = [w for w in writes if _changed(indexes, w)]
+            if not writes:
+                return self._position
             indexes.check(writes)
             previous = [(w.key, indexes.record(*w.key)) for w in writes]
             positions = []
@@ -246,6 +249,11 @@ class LocalStore:
             for name, folder in folders.items()
             if name in collections
         }
+
+
+def _changed(indexes: SearchIndexes, write: DocumentWrite) -> bool:
+    coll = indexes.get(write.collection)
+    return coll is None or coll.needs_update(write.document.id, write.digest)
 
 
 def _same(a: Path, b: Path) -> bool:

@@ -49,12 +49,25 @@ def decode(dim: int, data: bytes) -> np.ndarray:
 
 
 def write_documents(conn: psycopg.Connection, writes: Sequence[DocumentWrite]) -> list[int]:
-    """Store whole documents (replacing their chunks) and log them; their positions, in order."""
-    encoded = [[encode(r.vectors) for r in w.chunks] for w in writes]  # bad vectors fail before the lock
+    """Store whole documents (replacing their chunks) and log them; each write's position, in order.
+    A document stored with the same digest already is left as it is (nothing logged): its position
+    is the one it was stored at."""
+    encoded = {w.key: [encode(r.vectors) for r in w.chunks] for w in writes}  # bad vectors fail first
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+    stored = _stored_digests(conn, [w.key for w in writes])
     with conn.cursor() as cur:
-        positions = [_log(cur, w.collection, w.document.id, "put") for w in writes]
-        for w, position in zip(writes, positions, strict=True):
+        positions: list[int] = []
+        changed: list[tuple[DocumentWrite, int]] = []
+        for w in writes:
+            same = stored.get(w.key)
+            if same is not None and same[0] == w.digest:
+                positions.append(same[1])
+                continue
+            positions.append(_log(cur, w.collection, w.document.id, "put"))
+            changed.append((w, positions[-1]))
+        if not changed:
+            return positions
+        for w, position in changed:
             cur.execute(
                 "INSERT INTO prefixrag.collections (name, created_seq) VALUES (%s, %s) "
                 "ON CONFLICT (name) DO NOTHING",
@@ -67,25 +80,24 @@ def write_documents(conn: psycopg.Connection, writes: Sequence[DocumentWrite]) -
             [
                 (w.collection, w.document.id, Jsonb(w.document.model_dump(mode="json")), w.digest,
                  [r.chunk_id for r in w.chunks], p, p)
-                for w, p in zip(writes, positions, strict=True)
+                for w, p in changed
             ],
         )  # fmt: skip
-        collections, ids = [w.collection for w in writes], [w.document.id for w in writes]
         cur.execute(
             "DELETE FROM prefixrag.chunks c USING unnest(%s::text[], %s::text[]) AS k (collection, doc_id) "
             "WHERE c.collection = k.collection AND c.doc_id = k.doc_id",
-            (collections, ids),
+            ([w.collection for w, _ in changed], [w.document.id for w, _ in changed]),
         )
         with cur.copy(
             "COPY prefixrag.chunks (collection, chunk_id, doc_id, ord, body, dim, vectors) FROM STDIN"
         ) as copy:
-            for w, vectors in zip(writes, encoded, strict=True):
-                for ord_, (record, (dim, data)) in enumerate(zip(w.chunks, vectors, strict=True)):
+            for w, _ in changed:
+                for ord_, (record, (dim, data)) in enumerate(zip(w.chunks, encoded[w.key], strict=True)):
                     body = Jsonb(record.chunk.model_dump(mode="json"))
                     copy.write_row((w.collection, record.chunk_id, w.document.id, ord_, body, dim, data))
         extra = [
             (w.collection, r.chunk_id, name, *encode(v))
-            for w in writes
+            for w, _ in changed
             for r in w.chunks
             for name, v in r.extra.items()
         ]
@@ -95,12 +107,22 @@ def write_documents(conn: psycopg.Connection, writes: Sequence[DocumentWrite]) -
             ) as copy:
                 for row in extra:
                     copy.write_row(row)
-        cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(positions[-1])))
+        cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(changed[-1][1])))
     return positions
 
 
-def delete_document(conn: psycopg.Connection, collection: str, doc_id: str) -> int | None:
-    """Delete a document (its chunks go with it) and log it; its position, None if it was not there."""
+def _stored_digests(conn: psycopg.Connection, keys: Sequence[Key]) -> dict[Key, tuple[str, int]]:
+    rows = conn.execute(
+        "SELECT collection, doc_id, digest, seq FROM prefixrag.documents "
+        "JOIN unnest(%s::text[], %s::text[]) AS k (collection, doc_id) USING (collection, doc_id)",
+        ([k[0] for k in keys], [k[1] for k in keys]),
+    ).fetchall()
+    return {(c, d): (digest, int(seq)) for c, d, digest, seq in rows}
+
+
+def delete_document(conn: psycopg.Connection, collection: str, doc_id: str) -> tuple[bool, int]:
+    """Delete a document (its chunks go with it) and log it: (whether it was there, the position of
+    its absence: this delete's, or the latest change of a document already gone, 0 if never seen)."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
     with conn.cursor() as cur:
         cur.execute(
@@ -108,10 +130,10 @@ def delete_document(conn: psycopg.Connection, collection: str, doc_id: str) -> i
             (collection, doc_id),
         )
         if cur.fetchone() is None:
-            return None
+            return False, _latest_positions(conn, [(collection, doc_id)]).get((collection, doc_id), 0)
         position = _log(cur, collection, doc_id, "delete")
         cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(position)))
-    return position
+    return True, position
 
 
 def _log(cur: psycopg.Cursor[Any], collection: str, doc_id: str, op: str) -> int:

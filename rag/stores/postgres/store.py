@@ -115,21 +115,20 @@ class PostgresStore:
 
         positions = self._call(transaction)
         for write, position in zip(writes, positions, strict=True):
-            indexes.apply(write, position)
+            indexes.apply(write, position)  # also a state the store held already: read your writes
         return max(positions)
 
     def delete(self, collection: str, doc_id: str) -> bool:
         indexes = self._attached()
 
-        def transaction(conn: psycopg.Connection) -> int | None:
+        def transaction(conn: psycopg.Connection) -> tuple[bool, int]:
             with conn.transaction():
                 return rows.delete_document(conn, collection, doc_id)
 
-        position = self._call(transaction)
-        if position is None:
-            return False
-        indexes.apply_delete(collection, doc_id, position)
-        return True
+        deleted, position = self._call(transaction)
+        if position:  # gone from the store, so gone here too (perhaps ahead of the log)
+            indexes.apply_delete(collection, doc_id, position)
+        return deleted
 
     # -- reads ------------------------------------------------------------------------------------
     def read(self, collection: str, doc_id: str) -> DocumentWrite | None:

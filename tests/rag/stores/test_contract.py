@@ -45,7 +45,7 @@ def write(
         start += len(text) + 1
         sets = {"windows": np.repeat(_vector(seed + i + 100), 2, axis=0)} if extra else {}
         chunks.append(ChunkRecord(chunk, _vector(seed + i), sets))
-    return DocumentWrite(collection, doc, f"digest-{doc_id}-{seed}", tuple(chunks))
+    return DocumentWrite(collection, doc, f"digest-{seed}-{'|'.join(texts)}", tuple(chunks))
 
 
 @pytest.fixture(params=BACKENDS)
@@ -183,6 +183,14 @@ def test_the_change_log_holds_every_change_in_order_with_its_state_now(opener):
     assert _same(batch.changes[0].state, write("alice", "a.md", ["one again"], seed=3))
     assert [c.position for c in batch.changes] == sorted(c.position for c in batch.changes)
     assert store.changes_since(batch.position).changes == []
+
+
+def test_a_document_stored_with_the_same_digest_is_left_as_it_is(opener):
+    store, _ = opener()
+    first = store.write([write("alice", "a.md", ["one"], seed=1)])
+    assert store.write([write("alice", "a.md", ["one"], seed=1)]) == first  # shown at its position
+    assert [c.doc_id for c in store.changes_since(0).changes] == ["a.md"]
+    assert store.changes_since(first).changes == []  # nothing logged
 
 
 def test_an_invalid_write_is_refused_whole(opener):

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any, Literal
 
 import anyio
@@ -151,6 +152,13 @@ class Services:
                 assemble = _engine_assembler(self.engine)
             self._assembler = assemble or False
         return self._assembler or None
+
+    def store_status(self) -> dict[str, Any] | None:
+        """Where the documents are and whether that store answers now (None: no pipeline yet)."""
+        pipeline = self.pipeline
+        if not isinstance(pipeline, Pipeline):
+            return None
+        return asdict(pipeline.kb.store.status())
 
     def model_names(self) -> list[str]:
         engine = self.engine

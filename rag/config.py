@@ -20,8 +20,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from engine.config import EngineConfig
 from engine.sampling import SamplingParams
 from rag.prompt.assembler import DEFAULT_SYSTEM_PROMPT
+from rag.query import check_top_k
 from rag.retrieval.embedder import DEFAULT_EMBEDDER, LongTexts
-from rag.retrieval.retriever import check_top_k
 from rag.types import check_collection
 
 STORE_SCHEMES = ("postgresql", "postgres")

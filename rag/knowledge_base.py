@@ -38,13 +38,14 @@ import numpy as np
 from rag.config import Fusion, RAGConfig, RetrievalMode
 from rag.ingestion.chunking import Chunker, document_title
 from rag.ingestion.loaders import LoadResult, load_paths
+from rag.query import Query, collection_names
 from rag.retrieval.diversity import DiverseRetriever
 from rag.retrieval.embedder import Embedder
 from rag.retrieval.factory import make_embedder, make_reranker, make_retriever
 from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import Reranker
-from rag.retrieval.retriever import DenseRetriever, Retriever, check_query
+from rag.retrieval.retriever import DenseRetriever, QueryRetriever, Retriever
 from rag.stores import DocumentStore, LocalStore, open_store
 from rag.stores.indexes import Collection, SearchIndexes
 from rag.stores.protocol import ChunkRecord, DocumentWrite
@@ -129,6 +130,8 @@ class KnowledgeBase:
         self._reranker = reranker
         self.indexes = SearchIndexes(self._new_index, lambda: self.embedder.dim, self.search_text)
         self._lock = self.indexes.lock
+        self._retrievers: dict[tuple[str, str, tuple[str, ...] | None], QueryRetriever] = {}
+        self._built_for: tuple[int, RAGConfig] | None = None  # (indexes.generation, config) they serve
         self.last_ingest = IngestStats()
         self.store.attach(self.indexes)
 
@@ -261,9 +264,20 @@ class KnowledgeBase:
         return sum(coll.n_chunks for coll in list(self.indexes.collections.values()))
 
     # -- search -----------------------------------------------------------------------------------
+    def query(
+        self, query: str | Query, top_k: int | None = None, collections: Iterable[str] | None = None
+    ) -> Query:
+        """The checked query for a search (a ``Query`` passes as it is; then give top_k and the
+        collections in it). Defaults: the config's ``top_k``, every collection."""
+        if isinstance(query, Query):
+            if top_k is not None or collections is not None:
+                raise ValueError("a Query carries its own top_k and collections: pass them in it")
+            return query
+        return Query.of(query, top_k, collections, default_top_k=self.config.top_k)
+
     def search(
         self,
-        query: str,
+        query: str | Query,
         top_k: int | None = None,
         mode: RetrievalMode | None = None,
         rerank: bool | None = None,
@@ -275,11 +289,11 @@ class KnowledgeBase:
 
         Defaults come from the config (``top_k``, ``retrieval_mode``, ``reranker``).
         """
-        return self.search_timed(query, top_k, mode, rerank, collections=collections).hits
+        return self.run(self.query(query, top_k, collections), mode, rerank).hits
 
     def search_timed(
         self,
-        query: str,
+        query: str | Query,
         top_k: int | None = None,
         mode: RetrievalMode | None = None,
         rerank: bool | None = None,
@@ -287,49 +301,60 @@ class KnowledgeBase:
         collections: Iterable[str] | None = None,
     ) -> SearchResult:
         """``search`` that also reports how long the first stage and the reranker took."""
-        top_k = self.config.resolve_top_k(top_k)
-        check_query(query, top_k)
+        return self.run(self.query(query, top_k, collections), mode, rerank)
+
+    def run(
+        self, query: Query, mode: RetrievalMode | None = None, rerank: bool | None = None
+    ) -> SearchResult:
+        """Search for a checked query (``self.query(...)``, ``Query.of``): first stage, then the
+        reranker when enabled (``rerank``; default: the config's). Nothing is checked again."""
         use_reranker = self.config.reranker != "none" if rerank is None else rerank
         t0 = time.perf_counter()
-        depth = max(top_k, self.config.rerank_candidates) if use_reranker else top_k
-        hits = self.retrieve(query, depth, mode, collections=collections)
+        depth = max(query.top_k, self.config.rerank_candidates) if use_reranker else query.top_k
+        with self._lock:
+            if not any(len(c) for c in self.indexes.select(query.collections)):
+                return SearchResult([], 0.0, 0.0)
+            hits = self._retriever(mode, None, query.collections).search(query.deeper(depth))
         t1 = time.perf_counter()
         if use_reranker:
-            hits = self.rerank(query, hits, top_k)
+            with self._lock:
+                hits = self.reranker.rerank(query.text, hits, query.top_k)
         t2 = time.perf_counter()
         return SearchResult(hits, retrieve_ms=1000 * (t1 - t0), rerank_ms=1000 * (t2 - t1))
 
     def retrieve(
         self,
-        query: str,
+        query: str | Query,
         top_k: int | None = None,
         mode: RetrievalMode | None = None,
         *,
         collections: Iterable[str] | None = None,
     ) -> list[ScoredChunk]:
         """First-stage retrieval only (no reranking) over ``collections`` (default: all), best first."""
-        top_k = self.config.resolve_top_k(top_k)
-        check_query(query, top_k)
-        with self._lock:
-            return self.retriever(mode, collections=collections).retrieve(query, top_k)
+        return self.run(self.query(query, top_k, collections), mode, rerank=False).hits
 
     def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int | None = None) -> list[ScoredChunk]:
         """Apply the configured reranker to first-stage hits."""
-        top_k = self.config.resolve_top_k(top_k)
-        check_query(query, top_k)
+        checked = self.query(query, top_k)
         with self._lock:
-            return self.reranker.rerank(query, hits, top_k)
+            return self.reranker.rerank(checked.text, hits, checked.top_k)
 
     def similarity(
-        self, query: str, chunk_ids: Sequence[str], *, collections: Iterable[str] | None = None
+        self, query: str | Query, chunk_ids: Sequence[str], *, collections: Iterable[str] | None = None
     ) -> dict[str, float]:
         """Cosine similarity of ``query`` with each chunk's embedding, in [-1, 1]: unlike a fused or
-        reranked score it does not depend on the other candidates (``Source.score`` reports it)."""
-        dense = self.retriever("dense", collections=collections)
-        if isinstance(dense, DiverseRetriever):  # diversity reorders results; the scores are the inner's
-            dense = dense.inner
-        assert isinstance(dense, DenseRetriever)
-        return dense.score(query, chunk_ids)
+        reranked score it does not depend on the other candidates (``Source.score`` reports it). A
+        ``Query`` names its collections itself."""
+        if isinstance(query, Query):
+            text, names = query.text, query.collections
+        else:
+            text, names = query, None if collections is None else collection_names(collections)
+        with self._lock:
+            dense = self._retriever("dense", None, names)
+            if isinstance(dense, DiverseRetriever):  # diversity reorders results; the scores are the inner's
+                dense = dense.inner
+            assert isinstance(dense, DenseRetriever)
+            return dense.score(text, chunk_ids)
 
     def retriever(
         self,
@@ -340,9 +365,33 @@ class KnowledgeBase:
     ) -> Retriever:
         """The first-stage retriever for ``mode`` (default: the config's) over ``collections``
         (default: all); ``fusion`` overrides the config's for hybrid mode. One collection is searched
-        through its own indexes, several through federated views of theirs."""
+        through its own indexes, several through federated views of theirs. Built once per (mode,
+        fusion, collections) while the set of collections stays the same."""
+        names = None if collections is None else collection_names(collections)
+        return self._retriever(mode, fusion, names)
+
+    def _retriever(
+        self, mode: RetrievalMode | None, fusion: Fusion | None, names: tuple[str, ...] | None
+    ) -> QueryRetriever:
+        cfg = self.config
+        if mode is not None and mode not in ("dense", "bm25", "hybrid"):
+            raise ValueError(f"mode must be 'dense', 'bm25' or 'hybrid', got {mode!r}")
+        key = (mode or cfg.retrieval_mode, fusion or cfg.fusion, names)
         with self._lock:
-            selected = self._select(collections)
+            built = self._built_for
+            if built is None or built[0] != self.indexes.generation or built[1] is not cfg:
+                self._retrievers.clear()
+                self._built_for = (self.indexes.generation, cfg)
+            found = self._retrievers.get(key)
+            if found is None:
+                found = self._retrievers[key] = self._build_retriever(
+                    self.indexes.select(names), mode, fusion
+                )
+            return found
+
+    def _build_retriever(
+        self, selected: list[Collection], mode: RetrievalMode | None, fusion: Fusion | None
+    ) -> QueryRetriever:
         cfg, embedder = self.config, self.embedder
         if len(selected) == 1:
             one = selected[0]
@@ -405,11 +454,7 @@ class KnowledgeBase:
     # -- internals --------------------------------------------------------------------------------
     def _select(self, names: Iterable[str] | None) -> list[Collection]:
         """The existing collections among ``names`` (all when None), each once; names are validated."""
-        if names is None:
-            return self.indexes.select(None)
-        if isinstance(names, str):
-            raise ValueError(f"collections must be a list of names, got the string {names!r}")
-        return self.indexes.select(list(dict.fromkeys(check_collection(n) for n in names)))
+        return self.indexes.select(None if names is None else collection_names(names))
 
     def _validate(self, docs: list[Document]) -> None:
         seen: set[str] = set()

@@ -25,7 +25,8 @@ from rag.ingestion.loaders import LoadResult
 from rag.knowledge_base import KnowledgeBase
 from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler
 from rag.prompt.public import public_prefix_length
-from rag.types import DEFAULT_COLLECTION, Chunk, Document, DocumentInfo, ScoredChunk, check_collection
+from rag.query import Query, collection_names
+from rag.types import DEFAULT_COLLECTION, Chunk, Document, DocumentInfo, ScoredChunk
 from rag.warming import WarmReport, warm_chunks
 
 
@@ -217,7 +218,7 @@ class Pipeline:
         """Prefill every chunk of ``collections`` (default: all) at its placement in the engine's cache
         for ``namespace`` (``rag.warming``): resumable, cancellable through ``cancel``, within the cache
         budget (``report.not_fitted`` lists the rest)."""
-        selected = None if collections is None else _names(collections)
+        selected = None if collections is None else collection_names(collections)
         chunks = [
             ScoredChunk.of(c, 0.0)
             for info in self.kb.list_documents(selected)
@@ -287,8 +288,7 @@ class Pipeline:
     ) -> list[ScoredChunk]:
         """The chunks of ``collections`` (default: all) an answer would be grounded on, best first
         (``top_k`` defaults to the config's)."""
-        top_k = self.config.resolve_top_k(top_k)
-        return self.kb.search(question, top_k, collections=collections) if self.kb.count(collections) else []
+        return self.kb.run(self._query(question, top_k, collections)).hits
 
     def assemble(self, question: str, chunks: Sequence[ScoredChunk], namespace: str = "") -> Prompt:
         """The prompt (token ids + segments) the engine would get for these chunks."""
@@ -335,35 +335,24 @@ class Pipeline:
         ``params`` default to ``config.sampling_params()``; derive others from it
         (``config.sampling_params(max_tokens=...)``) to keep the pipeline's other settings.
         """
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"question must be a non-empty string, got {question!r}")
-        top_k = self.config.resolve_top_k(top_k)
+        query = self._query(question, top_k, collections)
         if reuse not in (None, *REUSE_MODES):
             raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, got {reuse!r}")
-        selected = None if collections is None else _names(collections)
-        return self._stream(
-            question, top_k, namespace, params or self.config.sampling_params(), selected, reuse
-        )
+        return self._stream(query, namespace, params or self.config.sampling_params(), reuse)
+
+    def _query(self, question: str, top_k: int | None, collections: Iterable[str] | None) -> Query:
+        """The question checked once: everything below takes the Query as it is."""
+        return Query.of(question, top_k, collections, default_top_k=self.config.top_k, name="question")
 
     def _stream(
-        self,
-        question: str,
-        top_k: int,
-        namespace: str,
-        params: SamplingParams,
-        collections: list[str] | None,
-        reuse: str | None,
+        self, query: Query, namespace: str, params: SamplingParams, reuse: str | None
     ) -> Iterator[PipelineEvent]:
         t0 = time.perf_counter()
-        if self.kb.count(collections):
-            found = self.kb.search_timed(question, top_k, collections=collections)
-            hits, retrieve_ms, rerank_ms = found.hits, found.retrieve_ms, found.rerank_ms
-        else:
-            hits, retrieve_ms, rerank_ms = [], 0.0, 0.0
+        found = self.kb.run(query)
         t1 = time.perf_counter()
-        prompt = self.assemble(question, hits, namespace)
+        prompt = self.assemble(query.text, found.hits, namespace)
         assemble_ms = 1000 * (time.perf_counter() - t1)
-        sources = self._sources(question, prompt.chunks, collections)
+        sources = self._sources(query, prompt.chunks)
         yield PipelineEvent("sources", sources=sources)
         result: GenerationResult | None = None
         first_token_ms = 0.0
@@ -390,8 +379,8 @@ class Pipeline:
                 close()  # cancels generation if our consumer went away
         assert result is not None
         timings = Timings(
-            retrieve_ms=retrieve_ms,
-            rerank_ms=rerank_ms,
+            retrieve_ms=found.retrieve_ms,
+            rerank_ms=found.rerank_ms,
             ttft_ms=first_token_ms,
             total_ms=1000 * (time.perf_counter() - t0),
             assemble_ms=assemble_ms,
@@ -408,11 +397,9 @@ class Pipeline:
         answer = Answer(result.text, sources, usage, timings, result.finish_reason)
         yield PipelineEvent("done", answer=answer)
 
-    def _sources(
-        self, question: str, chunks: Sequence[ChunkLike], collections: list[str] | None
-    ) -> list[Source]:
+    def _sources(self, query: Query, chunks: Sequence[ChunkLike]) -> list[Source]:
         ids = [c.chunk_id for c in chunks]
-        similarity = self.kb.similarity(question, ids, collections=collections) if chunks else {}
+        similarity = self.kb.similarity(query, ids) if chunks else {}
         return [_source(c, similarity.get(c.chunk_id, 0.0)) for c in chunks]
 
     def _probe(self, namespace: str) -> Any:
@@ -447,10 +434,3 @@ def _source(chunk: Any, score: float) -> Source:
         metadata=dict(getattr(chunk, "metadata", {}) or {}),
         collection=str(getattr(chunk, "collection", DEFAULT_COLLECTION)),
     )
-
-
-def _names(collections: Iterable[str]) -> list[str]:
-    """Validated collection names (a bare string is refused: it would be read letter by letter)."""
-    if isinstance(collections, str):
-        raise ValueError(f"collections must be a list of names, got the string {collections!r}")
-    return [check_collection(name) for name in collections]

@@ -432,8 +432,20 @@ def bench_collections(
     collections: int = typer.Option(50, "--collections", min=2, help="collections they are spread over"),
     queries: int = typer.Option(200, "--queries", min=1, help="queries, each timed for every method"),
     bm25: bool = typer.Option(True, "--bm25/--no-bm25", help="also time BM25 per collection vs shared"),
+    store: bool = typer.Option(
+        True,
+        "--store/--no-store",
+        help="also the document stores: ingest, a new replica's catch-up, follow latency, search "
+        "(the local index directory vs PostgreSQL; a private server unless --store-url)",
+    ),
+    store_url: str = typer.Option(
+        None,
+        "--store-url",
+        help="an empty PostgreSQL database for the store section (default: a private server)",
+    ),
 ) -> None:
-    """Search latency and recall of one tenant's collections: per-collection indexes vs a shared one."""
+    """Search latency and recall of one tenant's collections: per-collection indexes vs a shared one;
+    and the document stores at the same size."""
     import json
     import shlex
     import sys
@@ -449,6 +461,11 @@ def bench_collections(
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     results = run_collections_bench(config, progress=console.print)
+    if store:
+        from rag.benchmark.store_bench import StoreBenchConfig, measure_stores
+
+        store_config = StoreBenchConfig(chunks=chunks, collections=collections, queries=queries)
+        results["store"] = measure_stores(store_config, store_url, progress=console.print)
     out.mkdir(parents=True, exist_ok=True)
     command = "prefixrag " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     (out / "collections.json").write_text(json.dumps(results, indent=1), encoding="utf-8")

@@ -461,7 +461,7 @@ def wait_for(checks: Sequence[Callable[[], bool]], timeout_s: float, what: str) 
 def child_env(extra: Mapping[str, str]) -> dict[str, str]:
     """This process's environment plus ``extra``, with this checkout first on PYTHONPATH (children
     run the same ``rag`` code as the parent, whatever their working directory)."""
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the checkout (rag/deploy/cluster.py)
     env = {**os.environ, **extra}
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
     return env

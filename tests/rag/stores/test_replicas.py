@@ -160,3 +160,23 @@ def test_a_late_replica_catches_up_from_the_store(replicas, embedder, chunker, p
     )
     first.add_documents(docs[4:], collection="depots")
     _within(FOLLOW_S, lambda: _state(late) == _state(first))
+
+
+def test_a_stale_replica_never_drops_or_repeats_a_write(replicas):
+    a, b = replicas(2)
+    v1, v2 = (
+        Document(id="plan.md", text=f"Version {n}: ship on {d}.") for n, d in ((1, "Friday"), (2, "Monday"))
+    )
+    a.add_documents([v1], collection="team")
+    _within(FOLLOW_S, lambda: b.get_document("plan.md", "team") == v1)
+    b.store._follower.stop()  # b no longer follows: it still holds v1
+    a.add_documents([v2], collection="team")
+    logged = b.store.changes_since(0).position
+    b.add_documents([v2], collection="team")  # b thinks it changed; the store holds it already
+    assert b.get_document("plan.md", "team") == v2  # read your writes, nothing logged
+    assert b.store.changes_since(logged).changes == []
+    a.delete_document("plan.md", "team")
+    a.add_documents([v1], collection="team")  # b still holds v2, the store v1 again ...
+    b.add_documents([v2], collection="team")  # ... so b's write of v2 is a change, and it wins
+    assert b.store.read("team", "plan.md").document == v2
+    _within(FOLLOW_S, lambda: a.get_document("plan.md", "team") == v2)

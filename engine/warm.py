@@ -53,5 +53,5 @@ def warm_prompts(
         cached += result.cached_tokens
         if progress is not None:
             progress(i + 1, len(encoded))
-    written = engine.disk.flush(flush_timeout_s) if engine.disk is not None else None
+    written = engine.flush_tiers(flush_timeout_s)
     return WarmResult(len(encoded), total, cached, written)

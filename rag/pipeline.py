@@ -8,43 +8,27 @@ question ─► KnowledgeBase.search_timed (hybrid retrieval, optional rerank)
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
+from engine.backend import GenerationBackend, cache_probe
 from engine.chunks.reuse import REUSE_MODES
-from engine.request import GenerationResult, StreamEvent
+from engine.request import GenerationResult
 from engine.sampling import SamplingParams
 from rag.config import RAGConfig
 from rag.ingestion.collection import DocumentInfo
 from rag.ingestion.loaders import LoadResult
 from rag.knowledge_base import KnowledgeBase
 from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler
+from rag.prompt.order import PrefixProbe
 from rag.prompt.public import public_prefix_length
 from rag.types import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
 from rag.warming import WarmReport, warm_chunks
-
-
-class GenerationBackend(Protocol):
-    """What the pipeline needs from an engine: ``engine.Engine`` and ``engine.RemoteEngine`` fit."""
-
-    model_id: str
-    tokenizer: Any
-
-    def stream(
-        self,
-        prompt: Any,
-        params: SamplingParams | None = None,
-        *,
-        namespace: str = "",
-        reuse: Any = None,
-        chunk_spans: Sequence[tuple[int, int]] | None = None,
-    ) -> Iterator[StreamEvent]: ...
 
 
 @dataclass(frozen=True)
@@ -146,7 +130,6 @@ class Pipeline:
         self.kb = knowledge_base or KnowledgeBase(self.config)
         self._engine = engine
         self._assembler: PromptAssembler | None = None
-        self._engine_shares: bool | None = None  # whether the engine takes public_prefix
         self._lock = threading.Lock()
 
     @classmethod
@@ -180,16 +163,7 @@ class Pipeline:
         with self._lock:
             if self._assembler is None:
                 engine = self._engine_unlocked()
-                cfg = self.config
-                self._assembler = PromptAssembler(
-                    engine.tokenizer,
-                    system_prompt=cfg.system_prompt,
-                    tools=cfg.tools,
-                    pinned_context=cfg.pinned_context,
-                    order=cfg.chunk_order,
-                    max_context_tokens=getattr(engine, "max_context", None),
-                    max_tokens=cfg.max_tokens,
-                )
+                self._assembler = build_assembler(self.config, engine.tokenizer, engine.max_context)
             return self._assembler
 
     def _engine_unlocked(self) -> GenerationBackend:
@@ -362,15 +336,13 @@ class Pipeline:
         yield PipelineEvent("sources", sources=sources)
         result: GenerationResult | None = None
         first_token_ms = 0.0
-        public = self._public_tokens(prompt)
-        shared = {"public_prefix": public} if public else {}
         stream = self.engine.stream(
             prompt.token_ids,
             params,
             namespace=namespace,
+            public_prefix=self._public_tokens(prompt),
             reuse=reuse,
             chunk_spans=prompt.chunk_spans,
-            **shared,
         )
         try:
             for event in stream:
@@ -380,9 +352,7 @@ class Pipeline:
                     yield PipelineEvent("delta", text=event.text)
                 result = event.result or result
         finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()  # cancels generation if our consumer went away
+            stream.close()  # cancels generation if our consumer went away
         assert result is not None
         timings = Timings(
             retrieve_ms=retrieve_ms,
@@ -410,27 +380,40 @@ class Pipeline:
         similarity = self.kb.similarity(question, ids, collections=collections) if chunks else {}
         return [_source(c, similarity.get(c.chunk_id, 0.0)) for c in chunks]
 
-    def _probe(self, namespace: str) -> Any:
-        probe = getattr(self.engine, "cached_prefix_length", None)
-        if probe is None:
+    def _probe(self, namespace: str) -> PrefixProbe | None:
+        """What the engine's cache holds of a candidate prompt, for the ``cache`` chunk order (None: the
+        engine cannot say)."""
+        cache = cache_probe(self.engine)
+        if cache is None:
             return None
         if self._shares_public():
-            return lambda ids: max(probe(ids, namespace), probe(ids, public=True))
-        return lambda ids: probe(ids, namespace)
+            return lambda ids: max(
+                cache.cached_prefix_length(ids, namespace), cache.cached_prefix_length(ids, public=True)
+            )
+        return lambda ids: cache.cached_prefix_length(ids, namespace)
 
     def _shares_public(self) -> bool:
         """Public-prefix sharing is configured and the engine implements it."""
-        if not self.config.public_collections:
-            return False
-        if self._engine_shares is None:
-            self._engine_shares = "public_prefix" in inspect.signature(self.engine.stream).parameters
-        return self._engine_shares
+        return bool(self.config.public_collections) and self.engine.capabilities.public_prefix
 
     def _public_tokens(self, prompt: Prompt) -> int:
         """Leading tokens of ``prompt`` the engine may share across tenants (0: none)."""
         if not self._shares_public():
             return 0
         return public_prefix_length(prompt, set(self.config.public_collections))
+
+
+def build_assembler(config: RAGConfig, tokenizer: Any, max_context: int | None) -> PromptAssembler:
+    """The prompt assembler ``config`` describes, for a model with this tokenizer and context."""
+    return PromptAssembler(
+        tokenizer,
+        system_prompt=config.system_prompt,
+        tools=config.tools,
+        pinned_context=config.pinned_context,
+        order=config.chunk_order,
+        max_context_tokens=max_context,
+        max_tokens=config.max_tokens,
+    )
 
 
 def _source(chunk: Any, score: float) -> Source:

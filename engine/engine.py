@@ -28,6 +28,7 @@ from engine.chunks.stitcher import ChunkStitcher, Stitched
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
 from engine.encoding import PromptInput, encode_prompt
+from engine.exact_reuse import ExactReuse, check_exact_reuse
 from engine.fused import FusedLlamaRunner, drop_float_linears, fused_unsupported_reason
 from engine.kv.block_pool import KVBlockPool
 from engine.kv.buffer_pool import BufferPool
@@ -85,6 +86,7 @@ class Engine:
         if self.caching and blocker:
             log.warning("prefix caching turned off for %s: %s", model_id, blocker)
             self.caching = False
+        self.exact_reuse = self._check_exact_reuse()
         self.cache = RadixCache.from_config(self.config.cache_config())
         self.eos_ids = _eos_ids(model, tokenizer)
         self.buffers = BufferPool(self.config.buffer_pool_bytes)
@@ -342,11 +344,23 @@ class Engine:
         per_token = stats.used_bytes / held if held else self.kv_codec.bytes_per_token(self.kv_geometry)
         return int((self.cache.capacity_bytes - stats.used_bytes) // max(per_token, 1))
 
+    def _check_exact_reuse(self) -> ExactReuse:
+        """This machine's verdict on reuse exactness for the runner (engine.exact_reuse)."""
+        if not self.caching:
+            return ExactReuse(None, "prefix caching is off: no KV is reused")
+        if not self.config.check_exact_reuse:
+            return ExactReuse(None, "not checked (check_exact_reuse=False)")
+        verdict = check_exact_reuse(self.runner)
+        if not verdict.exact:
+            log.warning("reuse of cached KV is not bit-exact here (float rounding only): %s", verdict.reason)
+        return verdict
+
     def stats(self) -> dict[str, Any]:
         """Engine counters plus the prefix cache's."""
         cache = self.cache.stats()
         return {
             "model": self.model_id,
+            **self.exact_reuse.to_dict(),
             "weights": self.config.weights,
             "weight_bytes": self.runner.weight_bytes(),
             "caching": self.caching,
@@ -735,6 +749,7 @@ def _make_runner(model: Any, tokenizer: Any, config: EngineConfig, codec: KVCode
         return FusedLlamaRunner(
             model,
             batch_invariant=config.batch_invariant,
+            exact_shapes=config.exact_shapes,
             weights=config.weights,
             tokenizer=tokenizer,
             kv_codec=codec,

@@ -36,7 +36,13 @@ TILE = 16  # the base tile: every other menu size must give its rows the same bi
 CANDIDATES = (32, 64, 128, 256, 512, 1024)  # other call sizes a menu may admit
 _OFFSETS = (0, TILE, 3 * TILE)  # tile starts at which a candidate must reproduce the base rows
 # what else decides a kernel's path: the environment variables that narrow each library's ISA
-_ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
+_ISA_ENV = (
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "MKL_CBWR",
+)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -104,7 +110,9 @@ def calibrate(run: Callable[[int, int], torch.Tensor], candidates: tuple[int, ..
     return TileMenu(tuple(sizes), tuple(seconds))
 
 
-def _timed(run: Callable[[int, int], torch.Tensor], start: int, size: int, times: list[float]) -> torch.Tensor:
+def _timed(
+    run: Callable[[int, int], torch.Tensor], start: int, size: int, times: list[float]
+) -> torch.Tensor:
     t0 = time.perf_counter()
     out = run(start, size)
     times.append(time.perf_counter() - t0)

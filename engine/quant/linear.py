@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -90,7 +89,7 @@ def int8_backend() -> Int8Backend | None:
         if forced and backend != forced:
             continue
         if _available(backend) and _exact(backend):
-            return backend  # type: ignore[return-value]
+            return backend
     return None
 
 

@@ -45,6 +45,8 @@ async def cache_stats(services: ServicesDep, principal: PrincipalDep, engine: En
         "object": "cache.stats",
         "model": engine.model_id,
         "caching": bool(stats.get("caching", True)),
+        "exact_reuse": stats.get("exact_reuse"),
+        "exact_reuse_reason": stats.get("exact_reuse_reason"),
         "cache": stats.get("cache", {}),
         "kv": stats.get("kv"),
         "disk": stats.get("disk"),

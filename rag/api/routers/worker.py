@@ -46,11 +46,14 @@ async def server_info(services: ServicesDep) -> dict[str, Any]:
     """Server limits and state (SGLang's ``/get_server_info`` names where one applies).
 
     ``prefix_caching`` is what the loaded engine decided (it turns caching off for models whose KV
-    cannot be reused exactly, whatever the settings ask), null while the model loads; false for a
-    remote engine (no cache in this process).
+    cannot be reused exactly, whatever the settings ask), null while the model loads, false for a
+    remote engine (no cache in this process); ``exact_reuse`` (and its reason) whether reused KV gives
+    the same bits as computing it on this machine (engine.exact_reuse), null while loading, for a
+    remote engine, or with caching off.
     """
     settings = services.settings
     engine = services.engine
+    stats = engine.stats() if engine is not None else {}
     return {
         "served_model_name": _model_id(services),
         "version": package_version(),
@@ -59,6 +62,8 @@ async def server_info(services: ServicesDep) -> dict[str, Any]:
         "max_running_requests": settings.max_inflight,
         "prefix_caching": None if engine is None else _caches(engine),
         "cache_bytes": settings.engine.cache_bytes,
+        "exact_reuse": stats.get("exact_reuse"),
+        "exact_reuse_reason": stats.get("exact_reuse_reason"),
     }
 
 

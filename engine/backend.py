@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from engine.warm import WarmResult
 
 
+TIER_FLUSH_TIMEOUT_S = 600.0  # how long a warm-up waits for the tiers under RAM to hold its blocks
+
+
 @dataclass(frozen=True)
 class BackendCapabilities:
     """The optional parts of the backend protocol a backend implements.
@@ -126,7 +129,7 @@ class LocalCache(CacheProbe, Protocol):
         progress: Callable[[int, int], None] | None = None,
     ) -> WarmResult: ...
 
-    def flush_tiers(self, timeout_s: float = 600.0) -> bool | None: ...
+    def flush_tiers(self, timeout_s: float = TIER_FLUSH_TIMEOUT_S) -> bool | None: ...
 
 
 def cache_probe(backend: GenerationBackend) -> CacheProbe | None:

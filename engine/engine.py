@@ -16,11 +16,11 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from engine.backend import BackendCapabilities
+from engine.backend import TIER_FLUSH_TIMEOUT_S, BackendCapabilities
 from engine.chunks.plan import check_spans, plan_stitch
 from engine.chunks.reuse import ChunkReuse, chunks_unsupported_reason, resolve_reuse
 from engine.chunks.sources import RequestCancelled
@@ -92,7 +92,9 @@ class Engine:
         self.buffers = BufferPool(self.config.buffer_pool_bytes)
         slab = self.config.kv_slab_bytes
         self.kv_blocks = KVBlockPool(BLOCK_TOKENS, slab) if slab else None
-        self.scheduler = Scheduler(self._probe, self.config.max_waiting, self.config.aging_rate)
+        self.scheduler = Scheduler(
+            self._probe, max_waiting=self.config.max_waiting, aging_rate=self.config.aging_rate
+        )
         self.disk = open_disk_tier(self, model) if self.caching else None
         self.chunks_blocker = chunks_unsupported_reason(self.runner, self.caching)
         if self.config.reuse == "chunks" and self.chunks_blocker:
@@ -127,24 +129,11 @@ class Engine:
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(
-        cls,
-        model: str = DEFAULT_MODEL,
-        *,
-        cache_bytes: int = 1 << 30,
-        dtype: Literal["float32", "bfloat16"] = "float32",
-        enable_prefix_cache: bool = True,
-        **options: Any,
-    ) -> Engine:
-        """Load a registry model, local HF dir or hub id; ``options`` are any EngineConfig fields."""
-        config = EngineConfig(
-            model=str(model),
-            cache_bytes=cache_bytes,
-            dtype=dtype,
-            enable_prefix_cache=enable_prefix_cache,
-            **options,
-        )
-        return cls.from_config(config)
+    def from_pretrained(cls, model: str = DEFAULT_MODEL, **options: Any) -> Engine:
+        """Load a registry model, local HF dir or hub id. ``options`` are EngineConfig fields
+        (``cache_bytes``, ``dtype``, ``enable_prefix_cache``, ``weights``...), EngineConfig's defaults
+        for the rest."""
+        return cls.from_config(EngineConfig(model=str(model), **options))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
@@ -380,7 +369,7 @@ class Engine:
     def reset_cache(self) -> None:
         self.cache.reset()
 
-    def flush_tiers(self, timeout_s: float = 600.0) -> bool | None:
+    def flush_tiers(self, timeout_s: float = TIER_FLUSH_TIMEOUT_S) -> bool | None:
         """Wait until the tiers under the RAM cache hold every block written so far: True when they
         do, False on timeout, None without a tier."""
         return self.disk.flush(timeout_s) if self.disk is not None else None

@@ -28,10 +28,10 @@ from rag.config import RAGConfig
 from rag.knowledge_base import KnowledgeBase
 from rag.pipeline import build_assembler
 from rag.prompt.assembler import Prompt, PromptAssembler
+from rag.prompt.order import ORDERS
 from rag.prompt.template import ChatLayout
 from rag.types import ScoredChunk
 
-ORDERS = ("relevance", "canonical", "cache")
 EVICTIONS = ("lru", "gdsf")
 CAPACITIES = (0.0, 0.10, 0.25, 0.50, 1.0)
 UNBOUNDED = 1 << 62

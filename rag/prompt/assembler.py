@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.sampling import DEFAULT_MAX_TOKENS
 from rag.prompt.order import ORDERS, ChunkLike, PrefixProbe, canonical_key, fit_count, order_indices
 from rag.prompt.template import ChatLayout, default_context_length, fold_system, validate_messages
 
@@ -39,6 +40,7 @@ CHUNK_TEMPLATE = " (source: {doc_id})\n{text}"  # follows the "[n]" marker
 # Separators lead the piece after them: a piece that ends in "\n\n" tokenizes it as one token where
 # the whole text would give "\n", "\n" (byte-level BPE splits whitespace before a word that way).
 SEPARATOR = "\n\n"
+CHUNK_SEGMENT = "chunk:"  # segment names of retrieved chunks: "chunk:<chunk_id>"
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class PromptAssembler:
         pinned_context: str | None = None,
         order: str = "relevance",
         max_context_tokens: int | None = None,
-        max_tokens: int = 256,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         prefix_probe: PrefixProbe | None = None,
     ) -> None:
         if order not in ORDERS:
@@ -281,7 +283,7 @@ class PromptAssembler:
 
     def _chunk_part(self, chunk: ChunkLike, pos: int, body_ids: list[int]) -> _Part:
         marker = _marker_text(pos)
-        part = _Part(f"chunk:{chunk.chunk_id}", False).add(marker, self._marker(pos))
+        part = _Part(f"{CHUNK_SEGMENT}{chunk.chunk_id}", False).add(marker, self._marker(pos))
         part.body_start = len(part.ids)
         return part.add(chunk_body(chunk), body_ids)
 

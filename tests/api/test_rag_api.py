@@ -200,6 +200,7 @@ def test_delete_and_unknown_ids(http):
         (b'{"question": "hi", "top_k": 9}', 422, "top_k"),
         (b'{"question": "hi", "top_k": "many"}', 422, "top_k"),
         (b'{"question": "hi", "colour": "red"}', 422, "colour"),
+        (b'{"question": "hi", "max_tokens": 2049}', 422, "limit of 2048"),  # the OpenAI routes: 400
     ],
 )
 def test_bad_questions(http, body, status, contains):

@@ -87,11 +87,7 @@ def _validate(body: AskRequest, settings: Settings) -> tuple[str, int | None]:
             param="top_k",
             code="top_k_out_of_range",
         )
-    if body.max_tokens is not None and body.max_tokens > settings.max_tokens_limit:
-        raise api_error(
-            422,
-            f"max_tokens={body.max_tokens} exceeds this server's limit of {settings.max_tokens_limit}",
-            param="max_tokens",
-            code="max_tokens_too_large",
-        )
+    too_large = settings.max_tokens_problem(body.max_tokens)
+    if too_large:  # outside the bounds the schema publishes: FastAPI's 422
+        raise api_error(422, too_large, param="max_tokens", code="max_tokens_too_large")
     return question, body.top_k

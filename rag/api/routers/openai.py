@@ -77,15 +77,12 @@ async def chat_completions(
     on passages retrieved from the caller's readable collections (``sources``)."""
     model = _check_model(services, body.model)
     check_chat(body)
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    if body.max_tokens is not None and body.max_tokens > settings.max_tokens_limit:  # even if overridden
-        raise api_error(
-            400,
-            f"max_tokens={body.max_tokens} exceeds this server's limit of {settings.max_tokens_limit}",
-            param="max_tokens",
-        )
     params = sampling_params(
-        body, settings, max_tokens=max_tokens, default_max_tokens=settings.default_max_tokens
+        body,
+        settings,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        default_max_tokens=settings.default_max_tokens,
+        also_checked=body.max_tokens,  # refused even where max_completion_tokens overrides it
     )
     messages = chat_messages(body.messages, settings)
     sources = None

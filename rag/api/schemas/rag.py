@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.chunks.reuse import ReuseMode
 from rag.api.schemas.types import Bool, Int, RequestModel
 from rag.types import DEFAULT_COLLECTION, NAME_PATTERN
 
@@ -45,7 +46,7 @@ class AskRequest(RequestModel):
         default=None, ge=1, description="answer length cap (default: the pipeline's)"
     )
     collections: Collections | None = None
-    reuse: Literal["prefix", "chunks"] | None = Field(
+    reuse: ReuseMode | None = Field(
         default=None,
         description="KV reuse for this question (default: the server's): 'prefix' is exact; 'chunks' also "
         "reuses cached chunks wherever they stand, recomputing a share of their tokens (approximate)",

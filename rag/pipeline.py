@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from engine.backend import GenerationBackend, cache_probe
+from engine.backend import EventStream, GenerationBackend, cache_probe
 from engine.chunks.reuse import REUSE_MODES
 from engine.request import GenerationResult
 from engine.sampling import SamplingParams
@@ -24,85 +23,12 @@ from rag.config import RAGConfig
 from rag.ingestion.collection import DocumentInfo
 from rag.ingestion.loaders import LoadResult
 from rag.knowledge_base import KnowledgeBase
-from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler
+from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler, chat_question
 from rag.prompt.order import PrefixProbe
 from rag.prompt.public import public_prefix_length
+from rag.results import Answer, Grounded, PipelineEvent, Source, Timings, Usage
 from rag.types import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
 from rag.warming import WarmReport, warm_chunks
-
-
-@dataclass(frozen=True)
-class Source:
-    """A chunk the answer may cite: ``[n]`` in the text refers to ``sources[n - 1]``.
-
-    ``score`` is the cosine similarity of the question's and the chunk's embeddings, in [-1, 1] (higher
-    is closer): the same measure whatever retrieval mode, fusion or reranker picked the chunk and
-    however many candidates there were. Sources are listed in prompt order, not by score.
-    """
-
-    doc_id: str
-    chunk_id: str
-    score: float
-    text: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    collection: str = DEFAULT_COLLECTION
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Token counts. ``cached_tokens``: the exact prefix reused; ``stitched_tokens``: prompt tokens whose
-    KV came from cached chunks at other positions (``reuse="chunks"``), of which ``recomputed_tokens``
-    were computed again so the chunks see each other; ``reuse``: the mode that served the request."""
-
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    stitched_tokens: int = 0
-    recomputed_tokens: int = 0
-    reuse: str = "prefix"
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-@dataclass(frozen=True)
-class Timings:
-    """Milliseconds (every field; the engine's ``GenerationResult`` reports seconds, ``*_s``).
-
-    ``ttft_ms``: from the question to the first answer token (retrieval included); ``prefill_ms``: the
-    engine's share of it (queue + prefill of the uncached suffix)."""
-
-    retrieve_ms: float
-    rerank_ms: float
-    ttft_ms: float
-    total_ms: float
-    assemble_ms: float = 0.0
-    prefill_ms: float = 0.0
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A grounded answer with its citations, token usage and where the time went."""
-
-    text: str
-    sources: list[Source]
-    usage: Usage
-    timings: Timings
-    finish_reason: str = "stop"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class PipelineEvent:
-    """One step of ``Pipeline.stream``: ``sources`` first, then ``delta`` text, then ``done`` (answer)."""
-
-    type: Literal["sources", "delta", "done"]
-    text: str = ""
-    sources: list[Source] | None = None
-    answer: Answer | None = None
 
 
 class Pipeline:
@@ -267,6 +193,57 @@ class Pipeline:
         """Segment-wise tokenized chat (turn N's ids prefix turn N+1's, so multi-turn chats hit)."""
         return self.assembler.assemble_messages(messages)
 
+    def ground(
+        self,
+        question: str,
+        top_k: int | None = None,
+        namespace: str = "",
+        *,
+        collections: Iterable[str] | None = None,
+    ) -> Grounded:
+        """Everything before generation: retrieve for ``question`` from ``collections`` (default: all),
+        assemble its prompt in ``namespace``'s chunk order, score its sources. ``stream_grounded``
+        generates from it."""
+        top_k, selected = self._checked(question, top_k, collections)
+        return self._ground_question(question, top_k, namespace, selected)
+
+    def ground_chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        top_k: int | None = None,
+        namespace: str = "",
+        *,
+        collections: Iterable[str] | None = None,
+    ) -> Grounded:
+        """``ground`` for a chat: its last user message is the question that retrieves, and the prompt
+        is the chat with the chunks and that question in its last user message
+        (``PromptAssembler.assemble_chat``: the layout, budget, chunk order and sources of ``ground``)."""
+        started = time.perf_counter()
+        question = chat_question(messages)
+        top_k, selected = self._checked(question, top_k, collections)
+
+        def assemble(hits: list[ScoredChunk], probe: PrefixProbe | None) -> Prompt:
+            return self.assembler.assemble_chat(messages, hits, prefix_probe=probe)
+
+        return self._ground(question, top_k, namespace, selected, assemble, started)
+
+    def stream_grounded(
+        self, grounded: Grounded, params: SamplingParams | None = None, *, reuse: str | None = None
+    ) -> EventStream:
+        """The engine's stream for a grounded prompt, in the namespace it was grounded for (its chunk
+        spans for ``reuse="chunks"``, its public prefix where sharing is on). ``close()`` cancels."""
+        if reuse not in (None, *REUSE_MODES):
+            raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, got {reuse!r}")
+        prompt = grounded.prompt
+        return self.engine.stream(
+            prompt.token_ids,
+            params or self.config.sampling_params(),
+            namespace=grounded.namespace,
+            public_prefix=self._public_tokens(prompt),
+            reuse=reuse,
+            chunk_spans=prompt.chunk_spans,
+        )
+
     def ask(
         self,
         question: str,
@@ -299,55 +276,30 @@ class Pipeline:
         reuse: str | None = None,
     ) -> Iterator[PipelineEvent]:
         """Yield the sources, then text deltas, then the full Answer. Closing early cancels generation.
-        Retrieval reads only ``collections`` (default: all).
+        Retrieval reads only ``collections`` (default: all) and starts with the first ``next()``.
 
         ``params`` default to ``config.sampling_params()``; derive others from it
         (``config.sampling_params(max_tokens=...)``) to keep the pipeline's other settings.
         """
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"question must be a non-empty string, got {question!r}")
-        top_k = self.config.resolve_top_k(top_k)
+        top_k, selected = self._checked(question, top_k, collections)
         if reuse not in (None, *REUSE_MODES):
             raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, got {reuse!r}")
-        selected = None if collections is None else _names(collections)
-        return self._stream(
-            question, top_k, namespace, params or self.config.sampling_params(), selected, reuse
+        return self._answer(
+            lambda: self._ground_question(question, top_k, namespace, selected), params, reuse
         )
 
-    def _stream(
-        self,
-        question: str,
-        top_k: int,
-        namespace: str,
-        params: SamplingParams,
-        collections: list[str] | None,
-        reuse: str | None,
+    def _answer(
+        self, ground: Callable[[], Grounded], params: SamplingParams | None, reuse: str | None
     ) -> Iterator[PipelineEvent]:
-        t0 = time.perf_counter()
-        if self.kb.count(collections):
-            found = self.kb.search_timed(question, top_k, collections=collections)
-            hits, retrieve_ms, rerank_ms = found.hits, found.retrieve_ms, found.rerank_ms
-        else:
-            hits, retrieve_ms, rerank_ms = [], 0.0, 0.0
-        t1 = time.perf_counter()
-        prompt = self.assemble(question, hits, namespace)
-        assemble_ms = 1000 * (time.perf_counter() - t1)
-        sources = self._sources(question, prompt.chunks, collections)
-        yield PipelineEvent("sources", sources=sources)
+        grounded = ground()
+        yield PipelineEvent("sources", sources=grounded.sources)
         result: GenerationResult | None = None
         first_token_ms = 0.0
-        stream = self.engine.stream(
-            prompt.token_ids,
-            params,
-            namespace=namespace,
-            public_prefix=self._public_tokens(prompt),
-            reuse=reuse,
-            chunk_spans=prompt.chunk_spans,
-        )
+        stream = self.stream_grounded(grounded, params, reuse=reuse)
         try:
             for event in stream:
                 if event.ttft_s is not None:
-                    first_token_ms = 1000 * (time.perf_counter() - t0)
+                    first_token_ms = 1000 * (time.perf_counter() - grounded.started)
                 if event.text:
                     yield PipelineEvent("delta", text=event.text)
                 result = event.result or result
@@ -355,23 +307,55 @@ class Pipeline:
             stream.close()  # cancels generation if our consumer went away
         assert result is not None
         timings = Timings(
-            retrieve_ms=retrieve_ms,
-            rerank_ms=rerank_ms,
+            retrieve_ms=grounded.retrieve_ms,
+            rerank_ms=grounded.rerank_ms,
             ttft_ms=first_token_ms,
-            total_ms=1000 * (time.perf_counter() - t0),
-            assemble_ms=assemble_ms,
+            total_ms=1000 * (time.perf_counter() - grounded.started),
+            assemble_ms=grounded.assemble_ms,
             prefill_ms=1000 * result.ttft_s,
         )
-        usage = Usage(
-            result.prompt_tokens,
-            result.cached_tokens,
-            result.completion_tokens,
-            result.stitched_tokens,
-            result.recomputed_tokens,
-            result.reuse,
-        )
-        answer = Answer(result.text, sources, usage, timings, result.finish_reason)
+        answer = Answer(result.text, grounded.sources, Usage.of(result), timings, result.finish_reason)
         yield PipelineEvent("done", answer=answer)
+
+    def _checked(
+        self, question: str, top_k: int | None, collections: Iterable[str] | None
+    ) -> tuple[int, list[str] | None]:
+        """A question's arguments validated: its ``top_k`` (the config's for None) and collections."""
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"question must be a non-empty string, got {question!r}")
+        return self.config.resolve_top_k(top_k), None if collections is None else _names(collections)
+
+    def _ground_question(
+        self, question: str, top_k: int, namespace: str, collections: list[str] | None
+    ) -> Grounded:
+        started = time.perf_counter()
+
+        def assemble(hits: list[ScoredChunk], probe: PrefixProbe | None) -> Prompt:
+            return self.assembler.assemble(question, hits, prefix_probe=probe)
+
+        return self._ground(question, top_k, namespace, collections, assemble, started)
+
+    def _ground(
+        self,
+        question: str,
+        top_k: int,
+        namespace: str,
+        collections: list[str] | None,
+        assemble: Callable[[list[ScoredChunk], PrefixProbe | None], Prompt],
+        started: float,
+    ) -> Grounded:
+        """Retrieve (timed), ``assemble`` the hits in ``namespace``'s chunk order (timed), score the
+        sources of the chunks the prompt holds."""
+        if self.kb.count(collections):
+            found = self.kb.search_timed(question, top_k, collections=collections)
+            hits, retrieve_ms, rerank_ms = found.hits, found.retrieve_ms, found.rerank_ms
+        else:
+            hits, retrieve_ms, rerank_ms = [], 0.0, 0.0
+        clock = time.perf_counter()
+        prompt = assemble(hits, self._probe(namespace))
+        assemble_ms = 1000 * (time.perf_counter() - clock)
+        sources = self._sources(question, prompt.chunks, collections)
+        return Grounded(prompt, sources, namespace, started, retrieve_ms, rerank_ms, assemble_ms)
 
     def _sources(
         self, question: str, chunks: Sequence[ChunkLike], collections: list[str] | None

@@ -26,7 +26,9 @@ from typing import Any
 
 import torch
 
-from engine.row_tiles import path_key
+from engine.calibration_cache import recall, remember
+from engine.isa import path_key
+from engine.tiers.addresses import model_fingerprint
 
 PROMPT_TOKENS = 530  # past one 512-key block, through several tile sizes
 CUTS = (1, 37, 520, 529)  # a one-token first piece, pieces of several tile plans, a one-token last piece
@@ -57,8 +59,19 @@ def check_exact_reuse(runner: Any) -> ExactReuse:
     with _lock:
         known = _verdicts.setdefault(runner.model, {})
         if key not in known:
-            known[key] = _check(runner)
+            known[key] = _stored_or_checked(runner, key)
         return known[key]
+
+
+def _stored_or_checked(runner: Any, key: tuple[object, ...]) -> ExactReuse:
+    """The verdict another process on this machine reached for the same weights, else measured."""
+    weights = model_fingerprint(runner.model, model_id="", dtype=str(runner.dtype), kv_dtype="", weights="")
+    stored = recall("exact_reuse", (*key, weights))
+    if stored is not None and isinstance(stored.get("exact"), bool) and isinstance(stored.get("reason"), str):
+        return ExactReuse(stored["exact"], stored["reason"])
+    verdict = _check(runner)
+    remember("exact_reuse", (*key, weights), {"exact": verdict.exact, "reason": verdict.reason})
+    return verdict
 
 
 def _configuration(runner: Any) -> tuple[object, ...]:

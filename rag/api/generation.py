@@ -78,8 +78,8 @@ class Generation(Generic[E, R]):
 
     Example:
         >>> gen = await Generation.start(services, "chat", lambda: engine.stream(ids, params), ENGINE)  # doctest: +SKIP
-        >>> result = await gen.collect(request)          # a GenerationResult; None if the client left
-        >>> async for event in gen.events(): ...         # or streamed
+        >>> result = await gen.collect(request)   # a GenerationResult; None if the client left  # doctest: +SKIP
+        >>> async for event in gen.events(): ...  # or streamed                                # doctest: +SKIP
     """
 
     def __init__(

@@ -3,6 +3,9 @@ true: each stated capability's protocol is there, and what is not stated is not 
 
 from __future__ import annotations
 
+import doctest
+import importlib
+
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
@@ -56,3 +59,9 @@ def test_the_transformers_runner_states_that_it_neither_batches_nor_stitches(hf_
     assert r.completion_tokens > 0 and r.reuse == "prefix"
     params = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in runner.model.parameters()}
     assert hf_engine.stats()["weight_bytes"] == runner.weight_bytes() == sum(params.values())
+
+
+@pytest.mark.parametrize("name", ["engine.backend", "engine.runners"])
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -3,10 +3,12 @@ the same layout, chunk order and budget; the conversation tokenized message by m
 
 from __future__ import annotations
 
+import doctest
 from dataclasses import dataclass
 
 import pytest
 
+import rag.prompt.prompt
 from rag.prompt.assembler import PromptAssembler, chat_question
 from rag.prompt.public import public_prefix_length
 from tests.rag.prompt.test_assembler import CHUNKS, QUESTION, TOOLS, FakeCache, chunk, decode, lcp
@@ -125,3 +127,8 @@ def test_what_a_chat_cannot_ground_is_a_clear_error(asm, messages, match):
         chat_question(messages)
     with pytest.raises(ValueError, match=match):
         asm.assemble_chat(messages, CHUNKS)
+
+
+def test_the_prompt_types_docstring_example():
+    result = doctest.testmod(rag.prompt.prompt, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

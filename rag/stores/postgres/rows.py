@@ -268,28 +268,27 @@ def load_all(conn: psycopg.Connection, new_index: Callable[[int], VectorIndex]) 
     extra = conn.execute(
         "SELECT collection, chunk_id, name, dim, vectors FROM prefixrag.chunk_vectors"
     ).fetchall()
-    chunks: dict[str, dict[str, Chunk]] = defaultdict(dict)
-    keys: dict[str, list[str]] = defaultdict(list)
-    rows: dict[str, list[np.ndarray]] = defaultdict(list)
+    found: dict[str, dict[str, tuple[Chunk, np.ndarray]]] = defaultdict(dict)
     with conn.cursor(name="prefixrag_chunks", binary=True) as cur:
         cur.itersize = _ITERSIZE
         cur.execute("SELECT collection, chunk_id, body, dim, vectors FROM prefixrag.chunks")
         for collection, chunk_id, body, dim, data in cur:
-            chunks[collection][chunk_id] = Chunk.model_validate(body)
-            vectors = decode(dim, data)
-            keys[collection].extend([chunk_id] * len(vectors))
-            rows[collection].append(vectors)
-    loaded = {}
+            found[collection][chunk_id] = (Chunk.model_validate(body), decode(dim, data))
     extra_by: dict[str, dict[str, dict[str, np.ndarray]]] = defaultdict(lambda: defaultdict(dict))
     for collection, chunk_id, name, dim, data in extra:
         extra_by[collection][name][chunk_id] = decode(dim, data)
+    loaded = {}
     for name in names:
         if not docs.get(name):
             continue
-        index = new_index(rows[name][0].shape[1])
-        index.add(keys[name], np.concatenate(rows[name]))
         records = [r for r, _ in docs[name]]
-        parts = CollectionParts(records, chunks[name], index, {k: dict(v) for k, v in extra_by[name].items()})
+        # chunks in document order, then text order: every replica that loads builds the same indexes
+        ordered = [(chunk_id, found[name][chunk_id]) for r in records for chunk_id in r.chunk_ids]
+        index = new_index(ordered[0][1][1].shape[1])
+        keys = [chunk_id for chunk_id, (_, vectors) in ordered for _ in range(len(vectors))]
+        index.add(keys, np.concatenate([vectors for _, (_, vectors) in ordered]))
+        chunks = {chunk_id: chunk for chunk_id, (chunk, _) in ordered}
+        parts = CollectionParts(records, chunks, index, {k: dict(v) for k, v in extra_by[name].items()})
         loaded[name] = (parts, [p for _, p in docs[name]])
     return Loaded(position, loaded)
 

@@ -47,7 +47,8 @@ from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import Reranker
 from rag.retrieval.retriever import DenseRetriever, QueryRetriever, Retriever
 from rag.stores import DocumentStore, LocalStore, open_store
-from rag.stores.indexes import Collection, SearchIndexes
+from rag.stores.collection import Collection
+from rag.stores.indexes import SearchIndexes
 from rag.stores.protocol import ChunkRecord, DocumentWrite
 from rag.types import DEFAULT_COLLECTION, Chunk, Document, DocumentInfo, ScoredChunk, check_collection
 

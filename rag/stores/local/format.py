@@ -32,8 +32,8 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.retrieval.index import VectorIndex
+from rag.stores.collection import Collection, CollectionParts, DocumentRecord
 from rag.stores.compat import NOT_SAVED, saved_config
-from rag.stores.indexes import Collection, CollectionParts, DocumentRecord
 from rag.types import DEFAULT_COLLECTION, Chunk, Document, check_collection
 
 FORMAT_VERSION = 2

@@ -22,7 +22,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from rag.retrieval.index import VectorIndex
-from rag.stores.indexes import CollectionParts, DocumentRecord
+from rag.stores.collection import CollectionParts, DocumentRecord
 from rag.stores.postgres.schema import CHANNEL, WRITE_LOCK
 from rag.stores.protocol import Change, ChangeBatch, ChunkRecord, DocumentWrite
 from rag.types import Chunk, Document, DocumentInfo

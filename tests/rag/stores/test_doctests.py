@@ -9,7 +9,7 @@ import pytest
 
 DOCTESTED = [
     "rag.stores.compat",
-    "rag.stores.indexes",
+    "rag.stores.collection",
     "rag.stores.local.store",
     "rag.stores.postgres.store",
     "rag.query",

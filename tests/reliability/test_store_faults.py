@@ -254,22 +254,30 @@ def test_postgres_stopped_under_load_reads_go_on_writes_get_503_and_replicas_rec
 
 
 def test_a_wrong_password_or_an_unreachable_server_is_a_startup_error(postgres, tmp_path):
+    from typer.testing import CliRunner
+
+    from rag.cli import app
+
     notes = tmp_path / "notes.md"
     notes.write_text("A note.")
     wrong = postgres.url("postgres", password="wrong-password")
     closed = f"postgresql://postgres:hunter22@127.0.0.1:{_closed_port()}/rag"
-    cli = [sys.executable, "-m", "rag.cli"]
+    serve = subprocess.run(  # a server process stops before it serves (or loads a model)
+        [sys.executable, "-m", "rag.cli", "serve", "--port", "0", "--document-store", wrong],
+        env=_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    ingest = CliRunner().invoke(app, ["ingest", str(notes), "--document-store", closed])
     cases = [
-        (
-            [*cli, "serve", "--port", "0", "--document-store", wrong],
-            'password authentication failed for user "postgres"',
-        ),
-        ([*cli, "ingest", str(notes), "--document-store", closed], "Connection refused"),
+        (serve.returncode, serve.stdout + serve.stderr, 'password authentication failed for user "postgres"'),
+        (ingest.exit_code, ingest.output, "Connection refused"),
     ]
-    for argv, reason in cases:
-        done = subprocess.run(argv, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
-        out = " ".join((done.stdout + done.stderr).split())
-        assert done.returncode == 2, out
+    for code, output, reason in cases:
+        out = " ".join(output.split())
+        assert code == 2, out
         assert reason in out and "cannot open the document store postgresql://postgres:***@" in out, out
         assert "wrong-password" not in out and "hunter22" not in out and "Traceback" not in out, out
 

@@ -173,7 +173,7 @@ def test_postgres_stopped_under_load_reads_go_on_writes_get_503_and_replicas_rec
     assert one.post("/v1/documents", json=[seed], headers=_auth(ALICE)).status_code == 201
     stop = threading.Event()
     asked: list[int] = []
-    wrote: dict[str, int] = {}
+    wrote: list[tuple[str, int]] = []  # (id, status) in order; appends are atomic across threads
     bad: list[str] = []
 
     def load(http: httpx.Client, n: int) -> None:
@@ -188,7 +188,7 @@ def test_postgres_stopped_under_load_reads_go_on_writes_get_503_and_replicas_rec
             asked.append(reply.status_code)
             doc = {"id": f"load-{n}-{k}", "text": f"Load note {n}-{k}: shelf {k} is free."}
             reply = http.post("/v1/documents", json=[doc], headers=_auth(ALICE))
-            wrote[doc["id"]] = reply.status_code
+            wrote.append((doc["id"], reply.status_code))
             if reply.status_code == 503 and not (
                 int(reply.headers.get("retry-after", "0")) >= 1
                 and reply.json()["error"]["code"] == "store_unavailable"
@@ -200,7 +200,7 @@ def test_postgres_stopped_under_load_reads_go_on_writes_get_503_and_replicas_rec
     for t in threads:
         t.start()
     try:
-        assert wait_until(lambda: sum(s == 201 for s in wrote.values()) >= 4, timeout=60)
+        assert wait_until(lambda: sum(s == 201 for _, s in wrote[:]) >= 4, timeout=60)
         postgres.stop_server()
         for http in replicas:
             assert wait_until(lambda h=http: not h.get("/readyz").json()["store"]["reachable"], timeout=5)
@@ -230,15 +230,15 @@ def test_postgres_stopped_under_load_reads_go_on_writes_get_503_and_replicas_rec
     try:
         for http in replicas:
             assert wait_until(lambda h=http: h.get("/readyz").json()["store"]["reachable"], timeout=10)
-        assert wait_until(lambda: list(wrote.values())[-1] == 201, timeout=30)  # writes flow again
+        assert wait_until(lambda: wrote[-1][1] == 201, timeout=30)  # writes flow again
     finally:
         stop.set()
         for t in threads:
             t.join(60)
     assert not bad, bad[:2]
     assert set(asked) == {200}, sorted(set(asked))
-    assert set(wrote.values()) == {201, 503}
-    acked = {doc_id for doc_id, status in wrote.items() if status == 201}
+    assert {status for _, status in wrote} == {201, 503}
+    acked = {doc_id for doc_id, status in wrote if status == 201}
     for http in replicas:  # no acknowledged write lost, on either replica
 
         def holds(h: httpx.Client = http) -> bool:

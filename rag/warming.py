@@ -93,9 +93,9 @@ def warm_chunks(
             advance()
             if progress is not None:
                 progress(n + 1, len(chunks))
-    disk = getattr(engine, "disk", None)
-    if disk is not None:  # the placements are on disk (for a restart, for replicas) before this returns
-        disk.flush()
+    tiers = getattr(engine, "tiers", None)
+    if tiers is not None:  # the placements are in the tiers (for a restart, for replicas) before this returns
+        tiers.flush()
     report.seconds = time.perf_counter() - started
     return report
 

@@ -240,7 +240,7 @@ def disk_ttft(
         "cold_over_disk_first": _median(cold) / _median(disk_first),
         "read_mb_s": read_bytes / read_s / 1e6 if read_s else math.nan,
         "read_ms_per_block": 1000 * read_s / blocks if blocks else math.nan,
-        "disk_phase_s": _median([p.get("disk", 0.0) for p in phases]),
+        "disk_phase_s": _median([p.get("tiers", 0.0) for p in phases]),
         "repeats": repeats,
     }
 

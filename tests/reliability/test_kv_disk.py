@@ -26,6 +26,7 @@ from engine.tiers.blockfile import TEMP_PREFIX
 from rag.api import Settings
 from tests.api.conftest import make_engine
 from tests.api.helpers import metric_value, wait_until
+from tests.engine.tiers.records import block_files
 from tests.reliability import support
 
 MAX_TOKENS = 3
@@ -85,7 +86,8 @@ def _settled(http: httpx.Client, key: str | None = None) -> bool:
 
 
 def _block_files(folder: Path) -> list[Path]:
-    return sorted(folder.rglob("*.kvb"))
+    """Files holding KV (links, which name a block by its first token, are left out)."""
+    return block_files(folder)
 
 
 # ---- SIGKILL during a burst of disk writes ---------------------------------------------------------

@@ -81,9 +81,10 @@ class TierChain:
 def open_tiers(engine: Any, model: Any) -> TierChain:
     """The tiers ``engine.config`` asks for (a tier that cannot be opened is logged and left out)."""
     from engine.tiers.disk import open_disk_tier
+    from engine.tiers.redis_tier import open_remote_tier
 
     cfg = engine.config
-    wanted = cfg.disk_cache_dir is not None and cfg.disk_cache_bytes > 0
+    wanted = (cfg.disk_cache_dir is not None and cfg.disk_cache_bytes > 0) or cfg.remote_cache_url
     if not engine.caching or not wanted:
         return TierChain()
     fingerprint = model_fingerprint(
@@ -93,5 +94,5 @@ def open_tiers(engine: Any, model: Any) -> TierChain:
         kv_dtype=cfg.kv_dtype,
         weights=cfg.weights,
     )
-    tiers = [open_disk_tier(engine, fingerprint)]
+    tiers = [open_disk_tier(engine, fingerprint), open_remote_tier(engine, fingerprint)]
     return TierChain([t for t in tiers if t is not None])

@@ -93,6 +93,7 @@ class DiskStore:
             "evictions": f.evictions,
             "evicted_bytes": f.evicted_bytes,
             "available": 1,
+            "outages": 0,  # a folder that fails is a write error or a rejected read, not an outage
         }
 
     def close(self) -> None:

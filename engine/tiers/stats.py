@@ -65,6 +65,7 @@ TIER_STATS: tuple[TierStat, ...] = (
     TierStat(
         "available", "available", "gauge", "1 while the {tier} tier's store answers, 0 while it is skipped"
     ),
+    TierStat("outages", "outages", "counter", "Times the {tier} tier's store stopped answering"),
 )
 
 # counted by the tier's read and write paths; the store reports the rest
@@ -84,7 +85,7 @@ POLICY_COUNTERS = (
     "write_dropped",
     "unavailable",
 )
-STORE_STATS = ("evictions", "evicted_bytes", "used_bytes", "capacity_bytes", "available")
+STORE_STATS = ("evictions", "evicted_bytes", "used_bytes", "capacity_bytes", "available", "outages")
 
 
 class TierCounters:

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+import redis
+
 
 def redis_server_binary() -> str | None:
     """The ``redis-server`` on PATH (Debian's ``redis-server`` package), or None."""
@@ -65,9 +67,8 @@ class RedisServer:
             time.sleep(0.02)
         return self
 
-    def client(self, db: int = 0):  # -> redis.Redis (typed loosely: redis is imported lazily)
-        import redis
-
+    def client(self, db: int = 0) -> redis.Redis:
+        """A client of database ``db`` (generous timeouts: for setting up and checking, not serving)."""
         return redis.Redis.from_url(self.url(db), socket_timeout=10)
 
     def kill(self) -> None:

@@ -76,6 +76,7 @@ class BlockTier:
         queue_size: int = 256,
         read_threads: int = 4,
         idle: Callable[[], None] | None = None,
+        idle_s: float = 5.0,
     ) -> None:
         self.name = name
         self.store = store
@@ -93,7 +94,9 @@ class BlockTier:
         self.counters = TierCounters()
         self._roots: dict[str, bytes] = {}
         self.readers = ReaderPool(threads=read_threads, scratch_bytes=record_bytes, name=name)
-        self.writer = WriteBehind(self._write_prefix, name=name, queue_size=queue_size, idle=idle)
+        self.writer = WriteBehind(
+            self._write_prefix, name=name, queue_size=queue_size, idle=idle, idle_s=idle_s
+        )
 
     # ---- read -----------------------------------------------------------------------------------
     def extend(self, buffer: KVBuffer, tokens: Sequence[int], namespace: str, limit: int) -> int:

@@ -1,15 +1,17 @@
 """CircuitBreaker: after a failed call to a store, skip it for a cooldown (doubling while it keeps
-failing, up to a cap), then let one call through to probe it; a success closes the breaker again.
+failing, up to a cap), then let one background call through to probe it; a success closes the
+breaker again.
 
-So a dead or stalled store costs one bounded timeout, then nothing per request until the probe; the
-outage is logged once when it starts and once when it ends.
+Only background work (the writer thread) may probe: so a dead or stalled store costs the request
+that found it one bounded timeout, then nothing per request until a probe finds it back. The outage
+is logged once when it starts and once when it ends.
 
 Example:
     >>> breaker = CircuitBreaker("redis://cache:6379/0", log)
     >>> breaker.allow()
     True
-    >>> breaker.failed(TimeoutError("timed out")); breaker.allow()
-    False
+    >>> breaker.failed(TimeoutError("timed out")); breaker.allow(), breaker.allow(probe=True)
+    (False, False)
 """
 
 from __future__ import annotations
@@ -49,12 +51,13 @@ class CircuitBreaker:
         """Whether calls go through now (closed)."""
         return self._open_until is None
 
-    def allow(self) -> bool:
-        """Whether a call may go now: always while closed; while open, one probe once the cooldown is over."""
+    def allow(self, *, probe: bool = False) -> bool:
+        """Whether a call may go now: always while closed; while open, only a ``probe`` (one at a time)
+        once the cooldown is over."""
         with self._lock:
             if self._open_until is None:
                 return True
-            if self._probing or self.clock() < self._open_until:
+            if not probe or self._probing or self.clock() < self._open_until:
                 return False
             self._probing = True
             return True

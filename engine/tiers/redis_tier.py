@@ -11,7 +11,7 @@ Redis bounds the tier itself: give it ``maxmemory`` and ``maxmemory-policy allke
 Every call has a socket timeout; a failed or timed-out call opens a circuit breaker
 (engine.tiers.breaker), so a down, slow or restarting Redis costs one bounded wait and then nothing
 per request: lookups are misses, writes are dropped (the next insert of a prefix writes it again),
-and the writer thread's idle probe reconnects by itself.
+and the writer thread probes it (with its writes, and every few seconds when idle) until it answers.
 
 Example:
     >>> cfg = EngineConfig(remote_cache_url="redis://cache.internal:6379/0")   # doctest: +SKIP
@@ -49,7 +49,7 @@ class RedisStore:
         from redis.retry import Retry
 
         self.url = safe_url(url)
-        self.breaker = CircuitBreaker(f"Redis at {self.url}", log)
+        self.breaker = CircuitBreaker(f"Redis at {self.url}", log, cooldown_s=0.5, max_cooldown_s=5.0)
         self._errors = (redis.ConnectionError, redis.TimeoutError)
         self._refused = redis.ResponseError
         self.client = redis.Redis.from_url(
@@ -70,10 +70,10 @@ class RedisStore:
                 pipe.exists(KEY_PREFIX + key)
             return [bool(n) for n in pipe.execute()]
 
-        return self._call(op) if addresses else []
+        return self._call(op, probe=False) if addresses else []
 
     def read(self, address: str, scratch: np.ndarray) -> np.ndarray | None:
-        value = self._call(lambda c: c.get(KEY_PREFIX + address))
+        value = self._call(lambda c: c.get(KEY_PREFIX + address), probe=False)
         if value is None:
             return None
         src = np.frombuffer(value, dtype=np.uint8)
@@ -83,7 +83,7 @@ class RedisStore:
         return scratch[: src.nbytes]
 
     def head(self, address: str, nbytes: int) -> bytes | None:
-        value = self._call(lambda c: c.getrange(KEY_PREFIX + address, 0, nbytes - 1))
+        value = self._call(lambda c: c.getrange(KEY_PREFIX + address, 0, nbytes - 1), probe=True)
         return bytes(value) or None
 
     def write(
@@ -97,7 +97,7 @@ class RedisStore:
     ) -> int | None:
         value = b"".join(parts)
         try:
-            self._call(lambda c: c.set(KEY_PREFIX + address, value))
+            self._call(lambda c: c.set(KEY_PREFIX + address, value), probe=True)
         except self._refused as exc:  # e.g. OOM: maxmemory without an eviction policy
             raise StoreWriteError(str(exc)) from None
         return len(value)
@@ -109,13 +109,13 @@ class RedisStore:
                 pipe.touch(KEY_PREFIX + key)
             return [bool(n) for n in pipe.execute()]
 
-        return self._call(op) if addresses else []
+        return self._call(op, probe=True) if addresses else []
 
     def used(self, addresses: Sequence[tuple[str, int]]) -> None:
         """Nothing to do: reading a key refreshed its place in Redis's LRU."""
 
     def remove(self, address: str) -> None:
-        self._call(lambda c: c.delete(KEY_PREFIX + address))
+        self._call(lambda c: c.delete(KEY_PREFIX + address), probe=False)
 
     def describe(self, address: str) -> str:
         return f"{KEY_PREFIX}{address} at {self.url}"
@@ -123,10 +123,10 @@ class RedisStore:
     def refresh(self) -> None:
         """Read the server's memory figures (on the writer thread, while it is idle): stats() never
         waits on the network."""
-        if time.monotonic() - self._refreshed < _REFRESH_S:
-            return
-        memory = self._call(lambda c: c.info("memory"))
-        evicted = self._call(lambda c: c.info("stats")).get("evicted_keys", 0)
+        if self.breaker.available and time.monotonic() - self._refreshed < _REFRESH_S:
+            return  # while it is down, every call is a probe (the breaker spaces them)
+        memory = self._call(lambda c: c.info("memory"), probe=True)
+        evicted = self._call(lambda c: c.info("stats"), probe=True).get("evicted_keys", 0)
         self._figures = {
             "used_bytes": int(memory.get("used_memory", 0)),
             "capacity_bytes": int(memory.get("maxmemory", 0)),
@@ -151,10 +151,10 @@ class RedisStore:
     def close(self) -> None:
         self.client.close()
 
-    def _call(self, op: Callable[[Any], T]) -> T:
-        """``op(client)``, unless the breaker is open; a connection error or timeout opens it. Either
-        way the caller gets StoreUnavailable."""
-        if not self.breaker.allow():
+    def _call(self, op: Callable[[Any], T], *, probe: bool) -> T:
+        """``op(client)``, unless the breaker is open (``probe``: a writer-thread call, which may probe
+        it); a connection error or timeout opens it. Either way the caller gets StoreUnavailable."""
+        if not self.breaker.allow(probe=probe):
             raise StoreUnavailable(f"{self.url} is skipped after a failure")
         try:
             out = op(self.client)
@@ -191,6 +191,7 @@ def open_remote_tier(engine: Any, fingerprint: str) -> BlockTier | None:
         cache=engine.cache,
         log=log,
         idle=store.refresh_quietly,
+        idle_s=1.0,
     )
     store.refresh_quietly()
     log.info("remote KV tier: %s (%s)", store.url, "up" if store.breaker.available else "not answering yet")

@@ -18,6 +18,7 @@ from engine.tiers.addresses import block_hashes
 from engine.tiers.block_tier import BlockTier
 from engine.tiers.blockformat import Block, BlockMeta, decode_record
 from engine.tiers.redis_tier import KEY_PREFIX, RedisStore
+from engine.tiers.stats import TIER_STATS
 from tests.engine.reuse_helpers import assert_as_stated, real_text_ids
 from tests.engine.tiers.records import block_files
 
@@ -104,6 +105,7 @@ def test_a_replica_on_another_home_reads_what_another_prefilled(
         stats = b.stats()
         assert stats["remote"]["hit_tokens"] == len(prompt) - 1 and stats["disk"]["hit_tokens"] == 0
         assert stats["remote"]["rejected"] == 0 and stats["remote"]["available"] == 1
+        assert {s.key for s in TIER_STATS} <= set(stats["remote"]) & set(stats["disk"])  # named once
         assert b.tiers.flush(60)  # promoted: the request's insert wrote the blocks to B's own disk
     finally:
         b.close()

@@ -26,7 +26,9 @@ from typing import Any
 
 import torch
 
-from engine.row_tiles import path_key
+from engine.calibration_cache import recall, remember
+from engine.isa import path_key
+from engine.tiers.addresses import model_fingerprint
 
 PROMPT_TOKENS = 530  # past one 512-key block, through several tile sizes
 CUTS = (1, 37, 520, 529)  # a one-token first piece, pieces of several tile plans, a one-token last piece
@@ -57,8 +59,19 @@ def check_exact_reuse(runner: Any) -> ExactReuse:
     with _lock:
         known = _verdicts.setdefault(runner.model, {})
         if key not in known:
-            known[key] = _check(runner)
+            known[key] = _stored_or_checked(runner, key)
         return known[key]
+
+
+def _stored_or_checked(runner: Any, key: tuple[object, ...]) -> ExactReuse:
+    """The verdict another process on this machine reached for the same weights, else measured."""
+    weights = model_fingerprint(runner.model, model_id="", dtype=str(runner.dtype), kv_dtype="", weights="")
+    stored = recall("exact_reuse", (*key, weights))
+    if stored is not None and isinstance(stored.get("exact"), bool) and isinstance(stored.get("reason"), str):
+        return ExactReuse(stored["exact"], stored["reason"])
+    verdict = _check(runner)
+    remember("exact_reuse", (*key, weights), {"exact": verdict.exact, "reason": verdict.reason})
+    return verdict
 
 
 def _configuration(runner: Any) -> tuple[object, ...]:
@@ -118,3 +131,46 @@ def _what(runner: Any) -> str:
     threads = torch.get_num_threads()
     weights = getattr(runner, "weights", "float32")
     return f"{type(runner).__name__}, {str(runner.dtype).removeprefix('torch.')}, weights {weights}, {threads} threads"
+
+
+def survey(model: str | None = None) -> dict[str, Any]:
+    """The verdicts on this process's code path for the bundled (or given) model: the fused runner in
+    float32, bfloat16 and with int8 weights, the transformers runner, and what each computes with."""
+    from engine.fused import FusedLlamaRunner
+    from engine.isa import cpu_model
+    from engine.models import DEFAULT_MODEL, load_model
+    from engine.quant.linear import int8_backend, int8_supported
+    from engine.runner import ModelRunner
+
+    out: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "torch_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "int8_backend": int8_backend(),
+        "runners": {},
+    }
+    for dtype in ("float32", "bfloat16"):
+        loaded = load_model(model or DEFAULT_MODEL, dtype=dtype)
+        runners: dict[str, Any] = {f"fused {dtype}": FusedLlamaRunner(loaded.model)}
+        if dtype == "float32":
+            runners["transformers float32"] = ModelRunner(loaded.model)
+            if int8_supported() is None:
+                runners["fused int8 weights"] = FusedLlamaRunner(
+                    loaded.model, weights="int8", tokenizer=loaded.tokenizer
+                )
+        for name, runner in runners.items():
+            verdict = check_exact_reuse(runner)
+            menus = {f"{o}x{i}": list(m.sizes) for (o, i), m in getattr(runner, "menus", {}).items()}
+            attention = getattr(getattr(runner, "attention_tiles", None), "sizes", None)
+            out["runners"][name] = {
+                **verdict.to_dict(),
+                "linear_tiles": menus,
+                "attention_tiles": list(attention) if attention else None,
+            }
+    return out
+
+
+if __name__ == "__main__":  # python -m engine.exact_reuse: this code path's verdicts as JSON
+    import json
+
+    print(json.dumps(survey()))

@@ -17,8 +17,25 @@ Example:
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from dataclasses import dataclass, field
+
+# the environment variables that narrow each library's instructions (read once, at its first call)
+ISA_VARIABLES = (
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "MKL_CBWR",
+)
+
+
+def path_key() -> tuple[object, ...]:
+    """What decides which kernels run besides the CPU: the thread count and the ISA variables."""
+    import torch
+
+    return (torch.get_num_threads(), *(os.environ.get(name, "") for name in ISA_VARIABLES))
 
 
 @dataclass(frozen=True)

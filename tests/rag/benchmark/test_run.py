@@ -58,6 +58,7 @@ TINY = BenchConfig.quick_run(
     chunks_needle_tokens=4,
     retrieval_section=True,
     retrieval_scale_chunks=500,
+    exactness_section=False,  # tests/rag/benchmark/test_exactness_section.py runs it
     retrieval_timed_questions=3,
 )
 

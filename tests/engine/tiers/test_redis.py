@@ -276,7 +276,15 @@ def test_redis_eviction_bounds_the_tier(loaded_model, off, url, client):
             for ids in prompts:  # whatever survived is used, the rest computed: the same tokens
                 assert reader.generate(ids, GREEDY).token_ids == off.generate(ids, GREEDY).token_ids
             assert reader.stats()["remote"]["rejected"] == 0
+            client.config_set("maxmemory-policy", "noeviction")  # misconfigured: Redis refuses writes
+            client.config_set("maxmemory", str(2 << 20))
+            assert (
+                reader.generate(prompts[0][1:], GREEDY).token_ids
+                == off.generate(prompts[0][1:], GREEDY).token_ids
+            )
+            assert reader.tiers.flush(60) and reader.stats()["remote"]["write_errors"] >= 1
         finally:
             reader.close()
     finally:
+        client.config_set("maxmemory-policy", "allkeys-lru")
         client.config_set("maxmemory", "0")

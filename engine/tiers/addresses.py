@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from engine.kv.state import BLOCK_TOKENS
+from engine.tiers.blockformat import BlockMeta
 
 CHAIN_VERSION = b"prefixrag-kv-chain-v1"
 _SAMPLES_PER_TENSOR = 1024  # elements of each weight that enter the fingerprint
@@ -94,3 +95,40 @@ def tail_hash(parent: bytes, first_token: int) -> str:
     before it and one token only, so a reader whose prompt continues differently still finds it (and
     uses the tokens both share); the latest writer of another continuation replaces it."""
     return hashlib.sha256(parent + b"\0tail\0" + struct.pack("<q", first_token)).hexdigest()
+
+
+class PrefixAddresses:
+    """The addresses and expected headers of one tier's records, for one model fingerprint and KV
+    format (chain roots are computed once per namespace).
+
+    Example:
+        >>> addr = PrefixAddresses("f" * 64, "float32")
+        >>> chain = block_hashes(addr.root("m\\x1ft"), list(range(128)))
+        >>> addr.parent(chain, "m\\x1ft", 64).hex() == chain[0]
+        True
+    """
+
+    def __init__(self, fingerprint: str, kv_dtype: str) -> None:
+        self.fingerprint = fingerprint
+        self.kv_dtype = kv_dtype
+        self._roots: dict[str, bytes] = {}
+
+    def root(self, namespace: str) -> bytes:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = chain_root(self.fingerprint, namespace)
+        return root
+
+    def parent(self, chain: Sequence[str], namespace: str, pos: int) -> bytes:
+        """The address before position ``pos`` (a block boundary): the previous block's, or the root."""
+        j = pos // BLOCK_TOKENS
+        return bytes.fromhex(chain[j - 1]) if j else self.root(namespace)
+
+    def meta(
+        self, chain: Sequence[str], namespace: str, pos: int, key: str, tokens: Sequence[int] | None
+    ) -> BlockMeta:
+        """What the record ``key`` after block boundary ``pos`` must claim (``tokens`` None: any)."""
+        parent = self.parent(chain, namespace, pos).hex()
+        return BlockMeta(
+            key, parent, self.fingerprint, self.kv_dtype, None if tokens is None else list(tokens)
+        )

@@ -8,7 +8,7 @@ both the disk and the Redis tier run.
           inside a block reuses it up to the last shared token)
   write:  every insert ─► persist(): the writer thread (engine.tiers.writer) looks the prefix's KV up
           in RAM and writes the blocks the store lacks, each with a link at its first token, then the
-          partial block after them (write-behind; a full queue drops)
+          partial block after them (engine.tiers.block_writes; write-behind, a full queue drops)
 
 Records are content-addressed (engine.tiers.addresses): only the model, formats and namespace that
 wrote one can name it. Each is checked before use (engine.tiers.blockformat); one that fails is a miss,
@@ -33,25 +33,21 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from engine.kv.codec import KVCodec, KVGeometry
 from engine.kv.state import BLOCK_TOKENS, KVBuffer, KVSegment
-from engine.tiers.addresses import block_address, block_hashes, chain_root, tail_hash
+from engine.tiers.addresses import PrefixAddresses, block_address, block_hashes, tail_hash
+from engine.tiers.block_writes import BlockWrites
 from engine.tiers.blockformat import (
-    HEAD_BYTES,
     Block,
     BlockError,
     BlockMeta,
     Link,
     decode_record,
-    encode_block,
-    encode_link,
-    record_tokens,
 )
 from engine.tiers.readers import ReaderPool
 from engine.tiers.stats import TierCounters
-from engine.tiers.store import BlockStore, StoreUnavailable, StoreWriteError
+from engine.tiers.store import BlockStore, StoreUnavailable
 from engine.tiers.writer import WriteBehind
 from prefix_cache import RadixCache
 from prefix_cache.keys import common_prefix_len
@@ -80,9 +76,7 @@ class BlockTier:
     ) -> None:
         self.name = name
         self.store = store
-        self.fingerprint = fingerprint
         self.codec = codec
-        self.kv_dtype = kv_dtype
         self.geometry = geometry
         self.cache = cache
         self.log = log
@@ -92,10 +86,13 @@ class BlockTier:
         itemsize = codec.stored_dtype.itemsize
         record_bytes = (math.prod(self.k_shape) + math.prod(self.v_shape)) * itemsize + HEADER_ALLOWANCE
         self.counters = TierCounters()
-        self._roots: dict[str, bytes] = {}
+        self.addresses = PrefixAddresses(fingerprint, kv_dtype)
         self.readers = ReaderPool(threads=read_threads, scratch_bytes=record_bytes, name=name)
+        writes = BlockWrites(
+            store, self.addresses, codec=codec, cache=cache, counters=self.counters, name=name, log=log
+        )
         self.writer = WriteBehind(
-            self._write_prefix, name=name, queue_size=queue_size, idle=idle, idle_s=idle_s
+            writes.write_prefix, name=name, queue_size=queue_size, idle=idle, idle_s=idle_s
         )
 
     # ---- read -----------------------------------------------------------------------------------
@@ -118,7 +115,8 @@ class BlockTier:
             return 0
         clock = time.perf_counter()
         first = start // b
-        chain = block_hashes(self._root(namespace), tokens[: -(-limit // b) * b])  # blocks reaching limit
+        reaching = tokens[: -(-limit // b) * b]  # the blocks with a token before limit
+        chain = block_hashes(self.addresses.root(namespace), reaching)
         present = self.store.exists(chain[first:])
         run = [j for j, _ in itertools.takewhile(lambda jp: jp[1], enumerate(present, first))]
         g = self.geometry
@@ -161,7 +159,7 @@ class BlockTier:
         """Read whole block ``j`` into its place in ``buffer`` (the part past what the buffer holds, up
         to ``limit``); its stored bytes, or 0 if it is missing or fails a check (nothing of it is used)."""
         b = BLOCK_TOKENS
-        meta = self._meta(chain, namespace, j * b, chain[j], tokens[j * b : (j + 1) * b])
+        meta = self.addresses.meta(chain, namespace, j * b, chain[j], tokens[j * b : (j + 1) * b])
         block = self._read(chain[j], meta, scratch, Block)
         if not isinstance(block, Block):
             return 0
@@ -176,10 +174,10 @@ class BlockTier:
         """The record after block boundary ``pos`` for the prompt's next token (a partial block, or a
         link to a whole block), as far as its tokens are the prompt's and within ``limit``, into
         ``buffer``: (the end of what the buffer then holds validly, bytes read)."""
-        parent = self._parent(chain, namespace, pos)
+        parent = self.addresses.parent(chain, namespace, pos)
         key = tail_hash(parent, tokens[pos])
         scratch = self.readers.scratch()
-        record = self._read(key, BlockMeta(key, parent.hex(), self.fingerprint, self.kv_dtype, None), scratch)
+        record = self._read(key, self.addresses.meta(chain, namespace, pos, key, None), scratch)
         if isinstance(record, Link):
             target = block_address(parent, record.tokens).hex()
             if len(record.tokens) != BLOCK_TOKENS or record.target != target:
@@ -188,7 +186,7 @@ class BlockTier:
             shared = common_prefix_len(record.tokens, list(tokens), pos, limit)
             if shared <= buffer.length - pos:
                 return pos, 0
-            meta = BlockMeta(target, parent.hex(), self.fingerprint, self.kv_dtype, record.tokens)
+            meta = self.addresses.meta(chain, namespace, pos, target, record.tokens)
             record, key = self._read(target, meta, scratch, Block), target
         if not isinstance(record, Block):
             return pos, 0
@@ -237,24 +235,6 @@ class BlockTier:
             raise BlockError(f"a block holds 1 to {BLOCK_TOKENS} tokens, not {n}")
         return (*self.k_shape[:2], n, self.k_shape[3]), (*self.v_shape[:2], n, self.v_shape[3])
 
-    def _meta(
-        self, chain: list[str], namespace: str, pos: int, key: str, block_tokens: Sequence[int] | None
-    ) -> BlockMeta:
-        parent = self._parent(chain, namespace, pos).hex()
-        tokens = None if block_tokens is None else list(block_tokens)
-        return BlockMeta(key, parent, self.fingerprint, self.kv_dtype, tokens)
-
-    def _parent(self, chain: list[str], namespace: str, pos: int) -> bytes:
-        """The address before position ``pos`` (a block boundary): the previous block's, or the root."""
-        j = pos // BLOCK_TOKENS
-        return bytes.fromhex(chain[j - 1]) if j else self._root(namespace)
-
-    def _root(self, namespace: str) -> bytes:
-        root = self._roots.get(namespace)
-        if root is None:
-            root = self._roots[namespace] = chain_root(self.fingerprint, namespace)
-        return root
-
     # ---- write ----------------------------------------------------------------------------------
     def persist(self, namespace: str, tokens: Sequence[int]) -> None:
         """Queue ``tokens`` (just inserted into the RAM cache) for writing: their whole blocks and the
@@ -265,98 +245,6 @@ class BlockTier:
     def flush(self, timeout_s: float = 60.0) -> bool:
         """Wait until every queued prefix is written; False if ``timeout_s`` passed first."""
         return self.writer.flush(timeout_s)
-
-    def _write_prefix(self, namespace: str, tokens: list[int]) -> None:
-        try:
-            self._write_missing(namespace, tokens)
-        except StoreUnavailable:
-            self.counters.add(unavailable=1, write_dropped=1)
-
-    def _write_missing(self, namespace: str, tokens: list[int]) -> None:
-        b = BLOCK_TOKENS
-        chain = block_hashes(self._root(namespace), tokens)
-        whole = len(chain) * b
-        missing = [
-            j for j, there in enumerate(self.store.touch([(k, j) for j, k in enumerate(chain)])) if not there
-        ]
-        tail = (
-            tail_hash(self._parent(chain, namespace, whole), tokens[whole]) if whole < len(tokens) else None
-        )
-        covered = tail is None or self._covers(tail, tokens[whole:], len(chain))
-        if not missing and covered:
-            return
-        length, values = self.cache.peek_values(tokens, namespace)
-        if not values:
-            return
-        kv = KVSegment.concat(values)
-        for j in missing:
-            if (j + 1) * b > length:
-                return  # the RAM cache no longer (or never) held the rest
-            if not self._write_block(
-                kv[j * b : (j + 1) * b], chain, namespace, j, tokens[j * b : (j + 1) * b]
-            ):
-                return
-        if tail is not None and not covered and length > whole:
-            meta = self._meta(chain, namespace, whole, tail, tokens[whole:length])
-            self._put(tail, self._encode(kv[whole:length], meta), chain, len(chain), durable=True)
-
-    def _write_block(
-        self, part: KVSegment, chain: list[str], namespace: str, j: int, block: list[int]
-    ) -> bool:
-        """Write whole block ``j``, then the link to it at its first token; False if the block was not."""
-        meta = self._meta(chain, namespace, j * BLOCK_TOKENS, chain[j], block)
-        if not self._put(chain[j], self._encode(part, meta), chain, j, durable=True):
-            return False
-        link = BlockMeta(
-            tail_hash(bytes.fromhex(meta.parent), block[0]),
-            meta.parent,
-            meta.fingerprint,
-            meta.kv_dtype,
-            block,
-        )
-        self._put(link.key, [encode_link(link, chain[j])], chain, j, durable=False, counted=False)
-        return True
-
-    def _covers(self, key: str, tail: list[int], depth: int) -> bool:
-        """Whether the record under ``key`` already holds ``tail`` or more of it (a longer partial block,
-        or a link to a whole block that starts with it)."""
-        head = self.store.head(key, HEAD_BYTES)
-        stored = record_tokens(head) if head else None
-        if stored is None or stored[: len(tail)] != tail:
-            return False
-        return self.store.touch([(key, depth)])[0]
-
-    def _encode(self, part: KVSegment, meta: BlockMeta) -> list[memoryview | bytes]:
-        stored = part.stored_parts()
-        k = stored[0][0] if len(stored) == 1 else torch.cat([k for k, _ in stored], 2)
-        v = stored[0][1] if len(stored) == 1 else torch.cat([v for _, v in stored], 2)
-        return encode_block(meta, k, v)
-
-    def _put(
-        self,
-        key: str,
-        parts: Sequence[bytes | memoryview],
-        chain: list[str],
-        depth: int,
-        *,
-        durable: bool,
-        counted: bool = True,
-    ) -> bool:
-        """Store one record unless the budget or the store refuses; False then."""
-        clock, cpu = time.perf_counter(), time.thread_time()
-        try:
-            size = self.store.write(key, parts, durable=durable, depth=depth, keep={*chain, key})
-        except StoreWriteError as exc:  # a full disk, Redis out of memory: skip, keep serving
-            self.log.warning("%s KV tier: cannot write %s (%s)", self.name, self.store.describe(key), exc)
-            self.counters.add(write_errors=1)
-            return False
-        if size is None:
-            self.counters.add(write_dropped=1)
-            return False
-        if counted:
-            elapsed, cpu = time.perf_counter() - clock, time.thread_time() - cpu
-            self.counters.add(written_blocks=1, written_bytes=size, write_s=elapsed, write_cpu_s=cpu)
-        return True
 
     # ---- the rest -------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

@@ -171,14 +171,14 @@ def _chain_keys(eng: Engine, prompt: list[int]) -> list[str]:
     from engine.tiers.addresses import block_hashes
 
     assert eng.disk is not None
-    return block_hashes(eng.disk._root(eng._namespace("")), prompt)
+    return block_hashes(eng.disk.addresses.root(eng._namespace("")), prompt)
 
 
 def _expect(eng: Engine, prompt: list[int], keys: list[str], j: int) -> tuple:
     tier = eng.disk
     assert tier is not None
     b = BLOCK_TOKENS
-    meta = tier._meta(keys, eng._namespace(""), j * b, keys[j], prompt[j * b : (j + 1) * b])
+    meta = tier.addresses.meta(keys, eng._namespace(""), j * b, keys[j], prompt[j * b : (j + 1) * b])
     return meta, tier._shapes, tier.codec.stored_dtype
 
 

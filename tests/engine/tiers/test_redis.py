@@ -84,7 +84,7 @@ def _write(loaded, url: str, ids: list[int], namespace: str = "", **config) -> d
 def _keys(eng: Engine, ids: list[int], namespace: str = "") -> list[str]:
     remote = eng.tiers.get("remote")
     assert isinstance(remote, BlockTier)
-    return block_hashes(remote._root(eng._namespace(namespace)), ids)
+    return block_hashes(remote.addresses.root(eng._namespace(namespace)), ids)
 
 
 def test_a_replica_on_another_home_reads_what_another_prefilled(
@@ -209,7 +209,7 @@ def test_a_damaged_or_foreign_value_is_a_miss_logged_and_deleted(
         healed = np.frombuffer(client.get(victim), dtype=np.uint8).copy()
         tier = eng.tiers.get("remote")
         assert isinstance(tier, BlockTier)
-        expect = BlockMeta(keys[1], keys[0], tier.fingerprint, "float32", prompt[64:128])
+        expect = BlockMeta(keys[1], keys[0], tier.addresses.fingerprint, "float32", prompt[64:128])
         record = decode_record(healed, expect, tier._shapes, tier.codec.stored_dtype)
         assert isinstance(record, Block) and record.tokens == prompt[64:128]
     finally:
@@ -238,7 +238,7 @@ def test_a_block_that_vanishes_between_lookup_and_read_is_a_miss(loaded_model, p
         tier = BlockTier(
             store,
             name="remote",
-            fingerprint=remote.fingerprint,
+            fingerprint=remote.addresses.fingerprint,
             codec=remote.codec,
             kv_dtype="float32",
             geometry=remote.geometry,

@@ -24,6 +24,7 @@ from typing import Any, get_args
 import torch
 import torch.nn.functional as F
 
+from engine.chunks.reuse import rotation_blocker
 from engine.config import WeightsFormat
 from engine.kv.codec import KVCodec
 from engine.kv.state import KVBuffer
@@ -32,6 +33,7 @@ from engine.quant.linear import Int8Weight, int8_linear, rescore_top
 from engine.quant.model import int8_model
 from engine.row_tiles import BASE_MENU, TILE, TileMenu, linear_menu, round_up, tiled_linear
 from engine.runner import prefix_reuse_blocker
+from engine.runners import RunnerCapabilities
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
 WEIGHTS_FORMATS: tuple[str, ...] = get_args(WeightsFormat)
@@ -179,6 +181,9 @@ class FusedLlamaRunner:
         # K/V are rounded through the cache's storage format before attention, on every path
         self.kv_codec = kv_codec
         self._kv_round = kv_codec.round if kv_codec is not None and not kv_codec.identity else None
+        self.capabilities = RunnerCapabilities(
+            batched_decode=True, int8_weights=weights == "int8", stitch_blocker=rotation_blocker(self.rotary)
+        )
 
     @staticmethod
     def _fuse(layer: Any) -> _Layer:

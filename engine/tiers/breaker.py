@@ -7,7 +7,7 @@ that found it one bounded timeout, then nothing per request until a probe finds 
 is logged once when it starts and once when it ends.
 
 Example:
-    >>> breaker = CircuitBreaker("redis://cache:6379/0", log)
+    >>> breaker = CircuitBreaker("redis://cache:6379/0", logging.getLogger("doc"))
     >>> breaker.allow()
     True
     >>> breaker.failed(TimeoutError("timed out")); breaker.allow(), breaker.allow(probe=True)

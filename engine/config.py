@@ -144,7 +144,9 @@ class EngineConfig(BaseModel):
     @field_validator("remote_cache_url")
     @classmethod
     def _redis_url(cls, url: str | None) -> str | None:
-        if url is not None and urlsplit(url).scheme not in REDIS_SCHEMES:
+        if not url:  # unset, or set empty (PREFIXRAG_ENGINE__REMOTE_CACHE_URL=): off
+            return None
+        if urlsplit(url).scheme not in REDIS_SCHEMES:
             raise ValueError(
                 f"remote_cache_url must start with one of {', '.join(s + '://' for s in REDIS_SCHEMES)}"
             )

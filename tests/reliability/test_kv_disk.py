@@ -135,7 +135,8 @@ def test_sigkill_during_a_burst_of_disk_writes_never_serves_a_torn_block(tmp_pat
             f"killed after {len(sent)} requests sent, with {len(on_disk)} block files and {len(torn)} temp "
             f"files on disk; restart: {hits}/{len(prompts)} prompts reused disk blocks, disk stats {disk}"
         )
-        assert hits >= 1 and disk["hit_requests"] == hits and disk["hit_tokens"] >= 64
+        # every prompt starts "Ledger ": another may reuse those few tokens through the link at the root
+        assert hits >= 1 and disk["hit_requests"] >= hits and disk["hit_tokens"] >= 64
         assert disk["rejected"] == 0  # no torn or damaged block was found, let alone served
         assert wait_until(lambda: _settled(http), timeout=60)
         assert _disk(http)["written_blocks"] >= 1  # and the tier keeps writing

@@ -288,3 +288,27 @@ def test_redis_eviction_bounds_the_tier(loaded_model, off, url, client):
     finally:
         client.config_set("maxmemory-policy", "allkeys-lru")
         client.config_set("maxmemory", "0")
+
+
+def test_chunk_placements_are_shared_through_redis(loaded_model, url, tmp_path):
+    """reuse="chunks": the placements replica A computed are read by replica B (another home) from
+    Redis, not prefilled again, and B's stitched answer is A's."""
+    from tests.engine.chunks.test_chunks_mode import rag_prompt
+
+    options = {"reuse": "chunks", "chunk_recompute": "first"}
+    first_ids, first_spans = rag_prompt(loaded_model.tokenizer, "abc")
+    ids, spans = rag_prompt(loaded_model.tokenizer, "cab", "Who leads the team?")
+    answers = []
+    for home in ("a", "b"):
+        eng = _engine(loaded_model, url=url, home=tmp_path / home, **options)
+        try:
+            if home == "a":  # computes the placements of b and c, and a's as the first chunk
+                eng.generate(first_ids, GREEDY, namespace="t", chunk_spans=first_spans)
+            answers.append(eng.generate(ids, GREEDY, namespace="t", chunk_spans=spans))
+            assert eng.tiers.flush(60)
+        finally:
+            eng.close()
+    a, b = answers
+    assert b.stitched_tokens == a.stitched_tokens > 0
+    assert b.chunk_prefill_tokens == 0  # every reused chunk's placement came from Redis
+    assert b.token_ids == a.token_ids

@@ -15,7 +15,9 @@ def test_a_redis_url_or_a_clear_error():
     assert (
         EngineConfig(remote_cache_url="redis://10.0.0.5:6379/2").remote_cache_url == "redis://10.0.0.5:6379/2"
     )
-    assert EngineConfig().remote_cache_url is None and EngineConfig(remote_cache_url="").remote_cache_url is None
+    assert (
+        EngineConfig().remote_cache_url is None and EngineConfig(remote_cache_url="").remote_cache_url is None
+    )
     for bad in ("http://cache:6379", "cache:6379", "redis"):
         with pytest.raises(ValidationError, match=r"redis://, rediss://, unix://"):
             EngineConfig(remote_cache_url=bad)

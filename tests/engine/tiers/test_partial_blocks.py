@@ -4,6 +4,9 @@ Outputs equal caching off's, logits as the engine states for this machine (bit-e
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
@@ -31,46 +34,47 @@ def prompts(loaded_model) -> list[list[int]]:
     return [system + q for q in questions]
 
 
-def test_a_restart_reuses_a_shared_prefix_to_its_last_token(loaded_model, prompts, tmp_path):
+@pytest.fixture(scope="module")
+def written(loaded_model, prompts, tmp_path_factory) -> Path:
+    """A disk tier's folder after an engine served the earlier prompts (then stopped)."""
+    folder = tmp_path_factory.mktemp("written")
     *earlier, probe = prompts
-    shared = max(common_prefix_len(p, probe, 0, len(probe)) for p in earlier)
-    assert shared == SYSTEM_TOKENS
-    writer = _engine(loaded_model, tmp_path)
+    writer = _engine(loaded_model, folder)
     try:
         for prompt in earlier:
             writer.generate(prompt, GREEDY)
-        assert writer.cached_prefix_length(probe) == shared  # what RAM would reuse
+        assert writer.cached_prefix_length(probe) == SYSTEM_TOKENS  # what RAM reuses
         assert writer.tiers.flush(60)
     finally:
         writer.close()
+    return folder
+
+
+def test_a_restart_reuses_a_shared_prefix_to_its_last_token(loaded_model, prompts, written, tmp_path):
+    *earlier, probe = prompts
+    assert max(common_prefix_len(p, probe, 0, len(probe)) for p in earlier) == SYSTEM_TOKENS
+    folder = shutil.copytree(written, tmp_path / "kv")
     off = _engine(loaded_model, None, enable_prefix_cache=False)
-    restarted = _engine(loaded_model, tmp_path)
+    restarted = _engine(loaded_model, folder)
     try:
         r = restarted.generate(probe, GREEDY)
-        assert r.cached_tokens == shared  # not the 128 of whole blocks only
+        assert r.cached_tokens == SYSTEM_TOKENS  # as from RAM, not the 128 of whole blocks only
         assert r.token_ids == off.generate(probe, GREEDY).token_ids
         disk = restarted.stats()["disk"]
-        assert disk["hit_tokens"] == shared and disk["read_blocks"] == 3 and disk["rejected"] == 0
+        assert disk["hit_tokens"] == SYSTEM_TOKENS and disk["read_blocks"] == 3 and disk["rejected"] == 0
     finally:
         restarted.close()
         off.close()
 
 
-def test_logits_after_a_partly_used_block_are_as_computed(loaded_model, prompts, tmp_path):
-    *earlier, probe = prompts
-    writer = _engine(loaded_model, tmp_path)
-    try:
-        writer.generate(earlier[0], GREEDY)
-        assert writer.tiers.flush(60)
-    finally:
-        writer.close()
-    eng = _engine(loaded_model, tmp_path)
+def test_logits_after_a_partly_used_block_are_as_computed(loaded_model, prompts, written, tmp_path):
+    probe = prompts[-1]
+    eng = _engine(loaded_model, shutil.copytree(written, tmp_path / "kv"))
     try:
         runner = eng.runner
         loaded = runner.new_buffer(len(probe))
         assert eng.tiers.extend(loaded, probe, eng._namespace(""), limit=len(probe) - 1) == SYSTEM_TOKENS
-        computed = runner.new_buffer(len(probe))
-        cold = runner.prefill(probe, computed)
+        cold = runner.prefill(probe, runner.new_buffer(len(probe)))
         assert_as_stated(
             runner, runner.prefill(probe[SYSTEM_TOKENS:], loaded), cold, "third block, 22 tokens"
         )

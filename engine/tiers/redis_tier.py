@@ -143,7 +143,7 @@ class RedisStore:
         return {
             "url": self.url,
             **self._figures,  # the whole server's, as of the last refresh
-            "evicted_bytes": 0,  # Redis does not report it
+            "evicted_bytes": None,  # Redis does not report it
             "available": int(self.breaker.available),
             "outages": self.breaker.opens,
         }

@@ -58,9 +58,10 @@ TIER_STATS: tuple[TierStat, ...] = (
         "{tier} tier calls skipped or failed: the store was unreachable",
     ),
     TierStat("evictions", "evictions", "counter", "{tier} KV records evicted to stay within the budget"),
+    # a store that does not report a figure gives None: /v1/cache shows null, /metrics leaves it out
     TierStat("evicted_bytes", "evicted_bytes", "counter", "Bytes of {tier} KV records evicted"),
     TierStat("used_bytes", "used_bytes", "gauge", "Bytes the {tier} tier's store holds"),
-    TierStat("capacity_bytes", "capacity_bytes", "gauge", "The {tier} tier's byte budget (0: unknown)"),
+    TierStat("capacity_bytes", "capacity_bytes", "gauge", "The {tier} tier's byte budget (0: none set)"),
     TierStat("queue_depth", "queue_depth", "gauge", "Prefixes waiting for the {tier} tier's writer"),
     TierStat(
         "available", "available", "gauge", "1 while the {tier} tier's store answers, 0 while it is skipped"

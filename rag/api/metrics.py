@@ -215,9 +215,12 @@ def _kv_tier_metrics(stats: dict[str, Any]) -> Iterable[Metric]:
         for stat in TIER_STATS:
             if stat.metric is None:
                 continue
+            value = tier.get(stat.key)
+            if value is None:  # a figure this tier's store does not report
+                continue
             metric, doc = f"prefixrag_kv_{name}_{stat.metric}", stat.help.format(tier=name)
             make = _counter if stat.kind == "counter" else _gauge
-            yield make(metric, doc, tier.get(stat.key, 0))
+            yield make(metric, doc, value)
 
 
 class MetricsMiddleware:

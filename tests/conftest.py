@@ -87,3 +87,42 @@ def new_database(postgres) -> Callable[[], str]:
 def postgres_url(new_database) -> str:
     """The URL of a fresh, empty database for this test."""
     return new_database()
+
+def _redis_or_skip() -> None:
+    from rag.benchmark.redis_server import redis_server_binary
+
+    if redis_server_binary() is None:
+        reason = "redis-server is not installed (Debian: apt-get install redis-server)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One real redis-server on 127.0.0.1 for the session (a free port, a temp folder, no persistence);
+    tests take a database of their own. Skipped without the binary, except under CI=true."""
+    from rag.benchmark.redis_server import RedisServer
+
+    _redis_or_skip()
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_factory(tmp_path):
+    """``redis_factory(maxmemory=...)``: a redis-server of the test's own (to kill, restart or bound),
+    stopped at the end of the test."""
+    from rag.benchmark.redis_server import RedisServer
+
+    _redis_or_skip()
+    servers: list[RedisServer] = []
+
+    def make(**options) -> RedisServer:
+        servers.append(RedisServer(tmp_path / f"redis-{len(servers)}", **options).start())
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.stop()

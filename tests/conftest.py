@@ -88,6 +88,7 @@ def postgres_url(new_database) -> str:
     """The URL of a fresh, empty database for this test."""
     return new_database()
 
+
 def _redis_or_skip() -> None:
     from rag.benchmark.redis_server import redis_server_binary
 

@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 
+from engine.backend import TIER_FLUSH_TIMEOUT_S, BackendCapabilities
 from engine.chunks.plan import check_spans, plan_stitch
 from engine.chunks.reuse import ChunkReuse, chunks_unsupported_reason, resolve_reuse
 from engine.chunks.sources import RequestCancelled
 from engine.chunks.stitcher import ChunkStitcher, Stitched
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
-from engine.dtype import DType, choose_dtype, engine_dtype
+from engine.dtype import choose_dtype, engine_dtype
 from engine.encoding import PromptInput, encode_prompt
 from engine.exact_reuse import ExactReuse, check_exact_reuse
 from engine.fused import FusedLlamaRunner, drop_float_linears, fused_unsupported_reason
@@ -48,9 +49,11 @@ from engine.request import (
     final_result,
 )
 from engine.runner import ModelRunner, prefix_reuse_blocker
+from engine.runners import Runner, stitching_runner
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler
-from engine.tiers.disk import open_disk_tier
+from engine.tiers.chain import open_tiers
+from engine.tiers.tier import KVTier
 from engine.warm import WarmResult, warm_prompts
 from prefix_cache import RadixCache
 
@@ -94,15 +97,19 @@ class Engine:
         self.buffers = BufferPool(self.config.buffer_pool_bytes)
         slab = self.config.kv_slab_bytes
         self.kv_blocks = KVBlockPool(BLOCK_TOKENS, slab) if slab else None
-        self.scheduler = Scheduler(self._probe, self.config.max_waiting, self.config.aging_rate)
-        self.disk = open_disk_tier(self, model) if self.caching else None
+        self.scheduler = Scheduler(
+            self._probe, max_waiting=self.config.max_waiting, aging_rate=self.config.aging_rate
+        )
+        self.tiers = open_tiers(self, model)  # disk, remote: under the RAM cache, one chain
         self.chunks_blocker = chunks_unsupported_reason(self.runner, self.caching)
         if self.config.reuse == "chunks" and self.chunks_blocker:
             log.warning("reuse='chunks' falls back to 'prefix' for %s: %s", model_id, self.chunks_blocker)
+        stitching = stitching_runner(self.runner) if self.chunks_blocker is None else None
         self.stitcher = (
-            ChunkStitcher(self.cache, self.runner, self.buffers, self.disk)
-            if self.chunks_blocker is None and isinstance(self.runner, FusedLlamaRunner)
-            else None
+            ChunkStitcher(self.cache, stitching, self.buffers, self.tiers) if stitching is not None else None
+        )
+        self.capabilities = BackendCapabilities(
+            prefix_probe=True, public_prefix=True, chunk_reuse=self.stitcher is not None, local_cache=True
         )
         self._chunks_fallback_logged = False
         self._running: list[Request] = []
@@ -130,24 +137,11 @@ class Engine:
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(
-        cls,
-        model: str = DEFAULT_MODEL,
-        *,
-        cache_bytes: int = 1 << 30,
-        dtype: DType = "auto",
-        enable_prefix_cache: bool = True,
-        **options: Any,
-    ) -> Engine:
-        """Load a registry model, local HF dir or hub id; ``options`` are any EngineConfig fields."""
-        config = EngineConfig(
-            model=str(model),
-            cache_bytes=cache_bytes,
-            dtype=dtype,
-            enable_prefix_cache=enable_prefix_cache,
-            **options,
-        )
-        return cls.from_config(config)
+    def from_pretrained(cls, model: str = DEFAULT_MODEL, **options: Any) -> Engine:
+        """Load a registry model, local HF dir or hub id. ``options`` are EngineConfig fields
+        (``cache_bytes``, ``dtype``, ``enable_prefix_cache``, ``weights``...), EngineConfig's defaults
+        for the rest."""
+        return cls.from_config(EngineConfig(model=str(model), **options))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
@@ -367,7 +361,7 @@ class Engine:
             **self.exact_reuse.to_dict(),
             "weights": self.config.weights,
             "dtype": self.dtype.to_dict(),
-            "weight_bytes": _weight_bytes(self.runner),
+            "weight_bytes": self.runner.weight_bytes(),
             "caching": self.caching,
             "waiting": len(self.scheduler),
             "running": len(self._running),
@@ -380,11 +374,21 @@ class Engine:
                 "kv_dtype": self.kv_codec.name,  # as stored: 'float32' (no rounding) is the compute dtype
                 "bytes_per_token": self.kv_codec.bytes_per_token(self.kv_geometry),
             },
-            "disk": self.disk.stats() if self.disk is not None else None,
+            **self.tiers.stats(),  # "disk", "remote": each tier's figures, or None
         }
+
+    @property
+    def disk(self) -> KVTier | None:
+        """The disk tier, if the engine has one (requests reach it through ``self.tiers``)."""
+        return self.tiers.get("disk")
 
     def reset_cache(self) -> None:
         self.cache.reset()
+
+    def flush_tiers(self, timeout_s: float = TIER_FLUSH_TIMEOUT_S) -> bool | None:
+        """Wait until the tiers under the RAM cache hold every block written so far: True when they
+        do, False on timeout, None without a tier."""
+        return self.tiers.flush(timeout_s)
 
     def close(self) -> None:
         """Stop the worker; waiting requests fail with EngineError."""
@@ -396,8 +400,7 @@ class Engine:
         for req in self.scheduler.drain():
             self._fail(req, EngineError("engine closed"))
         self.buffers.clear()
-        if self.disk is not None:
-            self.disk.close()
+        self.tiers.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -459,9 +462,9 @@ class Engine:
         req.buffer = self.buffers.take(self.runner.new_buffer, len(ids) + min(req.max_new_tokens, 512))
         req.cached_tokens = req.buffer.load_prefix(match.values)
         clock = req.phase("load", clock)
-        if self.disk is not None:  # the disk tier extends the RAM match by whole blocks, same cap
-            req.cached_tokens += self.disk.extend(req.buffer, ids, req.namespace, limit=len(ids) - 1)
-            clock = req.phase("disk", clock)
+        if self.tiers:  # the tiers under RAM extend its match, same cap
+            req.cached_tokens += self.tiers.extend(req.buffer, ids, req.namespace, limit=len(ids) - 1)
+            clock = req.phase("tiers", clock)
         req.plan = plan_stitch(len(ids), req.chunk_spans, req.cached_tokens) if req.chunk_reuse else None
         req.prefilled = req.cached_tokens
         self._prefilling = req
@@ -543,8 +546,7 @@ class Engine:
         try:
             for key, kv in stitched.kv.placements:
                 self.cache.insert(key, kv, namespace=req.namespace)
-                if self.disk is not None:
-                    self.disk.persist(req.namespace, key)
+                self.tiers.persist(req.namespace, key)
         finally:
             assert self.stitcher is not None
             self.stitcher.recycle(stitched)
@@ -560,13 +562,11 @@ class Engine:
         kv = req.buffer.segment(0, length, self.kv_blocks)
         tokens = req.all_ids[:length]
         self.cache.insert(tokens, kv, namespace=req.namespace)
-        if self.disk is not None:
-            self.disk.persist(req.namespace, tokens)  # write-behind: the writer thread does the IO
+        self.tiers.persist(req.namespace, tokens)  # write-behind: each tier's writer thread does the IO
         public = min(length, req.public_tokens)
         if public:  # only what was vouched public reaches the shared namespace
             self.cache.insert(tokens[:public], req.buffer.segment(0, public, self.kv_blocks), self._public)
-            if self.disk is not None:
-                self.disk.persist(self._public, tokens[:public])
+            self.tiers.persist(self._public, tokens[:public])
         req.phases["insert"] = req.phases.get("insert", 0.0) + time.perf_counter() - clock
 
     def _match(self, req: Request) -> Any:
@@ -765,9 +765,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _make_runner(
-    model: Any, tokenizer: Any, config: EngineConfig, codec: KVCodec
-) -> ModelRunner | FusedLlamaRunner:
+def _make_runner(model: Any, tokenizer: Any, config: EngineConfig, codec: KVCodec) -> Runner:
     """'auto' picks the fused runner when the architecture allows it, else transformers' forward."""
     if config.runner == "hf":
         return ModelRunner(model, kv_codec=codec)
@@ -789,16 +787,6 @@ def _make_runner(
         raise ValueError(f"runner='fast' cannot run this model: {reason}")
     log.info("using the transformers runner: %s", reason)
     return ModelRunner(model, kv_codec=codec)
-
-
-def _weight_bytes(runner: ModelRunner | FusedLlamaRunner) -> int:
-    """Bytes of the weights the runner computes with (the transformers runner: all parameters)."""
-    if isinstance(runner, FusedLlamaRunner):
-        return runner.weight_bytes()
-    storages = {
-        p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in runner.model.parameters()
-    }
-    return sum(storages.values())
 
 
 __all__ = ["Engine", "KVBuffer"]

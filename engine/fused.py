@@ -28,6 +28,7 @@ from typing import Any, get_args
 import torch
 import torch.nn.functional as F
 
+from engine.chunks.reuse import rotation_blocker
 from engine.config import WeightsFormat
 from engine.fused_attention import (
     Attention,
@@ -53,6 +54,7 @@ from engine.prefill_shapes import aligned_keys, attention_menu
 from engine.quant.linear import Int8Weight, int8_linear, rescore_top
 from engine.rope_table import RopeTable
 from engine.row_tiles import BASE_MENU, TILE, TileMenu, linear_menu, round_up, tiled_linear
+from engine.runners import RunnerCapabilities
 
 WEIGHTS_FORMATS: tuple[str, ...] = get_args(WeightsFormat)
 
@@ -139,6 +141,9 @@ class FusedLlamaRunner:
         # K/V are rounded through the cache's storage format before attention, on every path
         self.kv_codec = kv_codec
         self._kv_round = kv_codec.round if kv_codec is not None and not kv_codec.identity else None
+        self.capabilities = RunnerCapabilities(
+            batched_decode=True, int8_weights=weights == "int8", stitch_blocker=rotation_blocker(self.rotary)
+        )
 
     def new_buffer(self, capacity: int) -> KVBuffer:
         # room for a prefill's key padding

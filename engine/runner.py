@@ -13,6 +13,7 @@ from engine.kv.codec import KVCodec
 from engine.kv.state import KVBuffer
 from engine.prefill_shapes import KEY_BLOCK, query_rows
 from engine.row_tiles import TileMenu, linear_menu, tiled_linear
+from engine.runners import RunnerCapabilities
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class ModelRunner:
         >>> logits = runner.decode_step(int(logits.argmax()), buf)
     """
 
+    capabilities = RunnerCapabilities()  # one forward per sequence, float weights, no stitching
+
     def __init__(self, model: Any, *, kv_codec: KVCodec | None = None) -> None:
         self.model = model
         self.kv_codec = kv_codec  # the buffer rounds every K/V written through it (KVBuffer.update)
@@ -72,6 +75,13 @@ class ModelRunner:
 
     def new_buffer(self, capacity: int) -> KVBuffer:
         return KVBuffer(self.num_layers, capacity, self.kv_codec)
+
+    def weight_bytes(self) -> int:
+        """Bytes of the model's parameters (shared storage, such as a tied lm_head, counted once)."""
+        storages = {
+            p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in self.model.parameters()
+        }
+        return sum(storages.values())
 
     @torch.inference_mode()
     def forward(

@@ -1,4 +1,4 @@
-"""Warming: prefill a list of prompts into the prefix cache (and its disk tier) before traffic arrives.
+"""Warming: prefill a list of prompts into the prefix cache (and the tiers under it) before traffic arrives.
 
 Example:
     >>> result = engine.warm(["You are a helpful assistant."], namespace="team-a")  # doctest: +SKIP
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class WarmResult:
     """What a warm-up did: prompts and their tokens, how many were already cached (so not computed),
-    and whether the disk tier finished writing (None: the engine has none)."""
+    and whether the tiers under RAM (disk, remote) finished writing (None: the engine has none)."""
 
     prompts: int
     prompt_tokens: int
@@ -36,7 +36,6 @@ def warm_prompts(
     *,
     namespace: str = "",
     progress: Callable[[int, int], None] | None = None,
-    flush_timeout_s: float = 600.0,
 ) -> WarmResult:
     """Prefill each prompt (one sampled token, discarded) so its KV is cached; every prompt is validated
     before any work starts."""
@@ -53,5 +52,5 @@ def warm_prompts(
         cached += result.cached_tokens
         if progress is not None:
             progress(i + 1, len(encoded))
-    written = engine.disk.flush(flush_timeout_s) if engine.disk is not None else None
+    written = engine.flush_tiers()
     return WarmResult(len(encoded), total, cached, written)

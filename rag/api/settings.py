@@ -11,7 +11,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.config import EngineConfig
 from engine.paths import kv_cache_dir
-from rag.config import RAGConfig
+from engine.sampling import DEFAULT_MAX_TOKENS
+from rag.config import RAGConfig, StoreURL
 from rag.types import NAME_PATTERN, check_collection
 
 _TENANT = re.compile(NAME_PATTERN)  # a tenant's private collection bears its name
@@ -54,7 +55,8 @@ class Settings(BaseSettings):
         PREFIXRAG_TENANT_COLLECTIONS='{"bob": {"read": ["handbook", "alice"], "write": ["bob"]}}'
         PREFIXRAG_ENGINE__CACHE_BYTES=536870912
         PREFIXRAG_RAG__TOP_K=6
-        PREFIXRAG_INDEX_DIR=/srv/prefixrag/index
+        PREFIXRAG_INDEX_DIR=/srv/prefixrag/index          # or, shared by many replicas:
+        PREFIXRAG_DOCUMENT_STORE=postgresql://rag:secret@db:5432/rag
     """
 
     model_config = SettingsConfigDict(
@@ -70,6 +72,10 @@ class Settings(BaseSettings):
     rag: RAGConfig = Field(default_factory=RAGConfig)
     index_dir: Path | None = Field(
         default=None, description="where the document index lives; loaded at start, saved after each change"
+    )
+    document_store: StoreURL | None = Field(
+        default=None,
+        description="a document store shared by every replica (postgresql://...) instead of index_dir",
     )
     served_model_aliases: list[str] = Field(
         default_factory=list, description="extra model names the OpenAI routes accept besides the engine's"
@@ -108,8 +114,15 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After seconds on a 429 from the API cap")
     max_question_chars: int = Field(default=4000, ge=1)
     max_top_k: int = Field(default=20, ge=1)
-    default_max_tokens: int = Field(default=256, ge=1, description="when a request names no max_tokens")
-    max_tokens_limit: int = Field(default=2048, ge=1, description="larger max_tokens get 400")
+    default_max_tokens: int = Field(
+        default=DEFAULT_MAX_TOKENS, ge=1, description="when a request names no max_tokens"
+    )
+    max_tokens_limit: int = Field(
+        default=2048,
+        ge=1,
+        description="larger max_tokens are refused: 400 on the OpenAI routes (OpenAI's answer), 422 on "
+        "/v1/ask (a body field outside its published bounds, FastAPI's answer)",
+    )
     max_messages: int = Field(default=256, ge=1)
     max_documents_per_request: int = Field(default=1000, ge=1)
 
@@ -189,10 +202,16 @@ class Settings(BaseSettings):
         misplaced = (
             ("engine", "PREFIXRAG_RAG__ENGINE__*", "PREFIXRAG_ENGINE__*"),
             ("index_dir", "PREFIXRAG_RAG__INDEX_DIR", "PREFIXRAG_INDEX_DIR"),
+            ("document_store", "PREFIXRAG_RAG__DOCUMENT_STORE", "PREFIXRAG_DOCUMENT_STORE"),
         )
         for field, variable, instead in misplaced:
             if field in self.rag.model_fields_set:
                 raise ValueError(f"rag.{field} ({variable}) is not used by the server: set {instead} instead")
+        if self.index_dir is not None and self.document_store is not None:
+            raise ValueError(
+                "index_dir (PREFIXRAG_INDEX_DIR) and document_store (PREFIXRAG_DOCUMENT_STORE) name two "
+                "stores: set one of them"
+            )
         return self
 
     def with_disk_cache_default(self) -> Settings:
@@ -204,6 +223,18 @@ class Settings(BaseSettings):
         return self.model_copy(
             update={"engine": engine.model_copy(update={"disk_cache_dir": kv_cache_dir()})}
         )
+
+    def max_tokens_problem(self, *requested: int | None) -> str | None:
+        """Why a request's ``max_tokens`` is refused (None: every value given is within
+        ``max_tokens_limit``). The routes answer it with their own status (see ``max_tokens_limit``).
+
+        >>> Settings(max_tokens_limit=64, default_max_tokens=8).max_tokens_problem(None, 65)
+        "max_tokens=65 exceeds this server's limit of 64"
+        """
+        for value in requested:
+            if value is not None and value > self.max_tokens_limit:
+                return f"max_tokens={value} exceeds this server's limit of {self.max_tokens_limit}"
+        return None
 
     @property
     def auth_enabled(self) -> bool:

@@ -267,8 +267,9 @@ def batched_decode(engine: Engine, prompts: list[Any], n: int, batch_sizes: Sequ
 
 def _shares(engine: Engine, out: dict[str, Any], limits: dict[str, Any]) -> dict[str, float]:
     """Decode at the prompt's context and cold prefill of the prompt, as shares of the limits."""
-    runner, cfg = engine.runner, engine.runner.config
+    runner = engine.runner
     assert isinstance(runner, FusedLlamaRunner)  # the default model always runs on the fused runner
+    cfg = runner.config
     tokens = out["prompt_tokens"]
     geometry = engine.kv_geometry
     element = torch.empty(0, dtype=runner.dtype).element_size()

@@ -19,9 +19,10 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
-ORDERS = ("relevance", "canonical", "cache")
+ChunkOrder = Literal["relevance", "canonical", "cache"]
+ORDERS: tuple[str, ...] = get_args(ChunkOrder)
 
 PrefixProbe = Callable[[list[int]], int]
 """Given candidate prompt ids, how many leading tokens the cache holds (must not change the cache)."""

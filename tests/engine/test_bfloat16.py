@@ -10,8 +10,6 @@ from engine.fused import FusedLlamaRunner
 from engine.models import load_model
 from tests.engine.reuse_helpers import CHUNK, ColdAndWarm, real_text_ids
 
-pytestmark = pytest.mark.numerics  # also run under each narrower code path (test_isa_paths)
-
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
 LONG = CHUNK + 76
 

@@ -4,14 +4,10 @@ matmul in 16-row calls, every attention call one 16-row query tile) are exact on
 
 from __future__ import annotations
 
-import pytest
-
 from engine import Engine, EngineConfig
 from engine.exact_reuse import check_exact_reuse
 from engine.fused import FusedLlamaRunner
 from engine.row_tiles import BASE_MENU
-
-pytestmark = pytest.mark.numerics  # also run under each narrower code path (test_isa_paths)
 
 
 def test_the_engine_states_its_verdict_with_a_reason(engine, engine_nocache):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from fastapi import APIRouter
 
+from engine.backend import GenerationBackend, local_cache
 from rag.api.deps import ServicesDep
 from rag.api.services import Services
 from rag.api.version import package_version
@@ -36,8 +37,8 @@ async def model_info(services: ServicesDep) -> dict[str, Any]:
         "is_generation": True,
         "model_type": "causal_lm",
     }
-    if engine is not None and getattr(engine, "max_context", None):
-        info["max_context_length"] = int(engine.max_context)
+    if engine is not None and engine.max_context:
+        info["max_context_length"] = engine.max_context
     return info
 
 
@@ -47,11 +48,12 @@ async def server_info(services: ServicesDep) -> dict[str, Any]:
     """Server limits and state (SGLang's ``/get_server_info`` names where one applies).
 
     ``prefix_caching`` is what the loaded engine decided (it turns caching off for models whose KV
-    cannot be reused exactly, whatever the settings ask), null while the model loads;
-    ``exact_reuse`` (and its reason) whether reused KV gives the same bits as computing it on this
-    machine (engine.exact_reuse), null while loading, for a remote engine, or with caching off;
-    ``dtype`` the dtype the engine computes in and why, null while loading; ``threads`` torch's
-    thread count and how its OpenMP threads wait (``prefixrag serve`` makes them passive).
+    cannot be reused exactly, whatever the settings ask), null while the model loads, false for a
+    remote engine (no cache in this process); ``exact_reuse`` (and its reason) whether reused KV gives
+    the same bits as computing it on this machine (engine.exact_reuse), null while loading, for a
+    remote engine, or with caching off; ``dtype`` the dtype the engine computes in and why, null while
+    loading; ``threads`` torch's thread count and how its OpenMP threads wait (``prefixrag serve``
+    makes them passive).
     """
     settings = services.settings
     engine = services.engine
@@ -62,13 +64,18 @@ async def server_info(services: ServicesDep) -> dict[str, Any]:
         "state": services.state,
         "dp_size": 1,
         "max_running_requests": settings.max_inflight,
-        "prefix_caching": None if engine is None else bool(getattr(engine, "caching", False)),
+        "prefix_caching": None if engine is None else _caches(engine),
         "cache_bytes": settings.engine.cache_bytes,
         "dtype": stats.get("dtype"),  # the compute dtype and why ("auto" resolves per CPU)
         "threads": {"torch": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
         "exact_reuse": stats.get("exact_reuse"),
         "exact_reuse_reason": stats.get("exact_reuse_reason"),
     }
+
+
+def _caches(engine: GenerationBackend) -> bool:
+    cache = local_cache(engine)
+    return cache is not None and cache.caching
 
 
 def _model_id(services: Services) -> str:

@@ -20,8 +20,6 @@ from engine.runner import ModelRunner
 from prefix_cache import RadixCache
 from tests.engine.reuse_helpers import assert_as_stated
 
-pytestmark = pytest.mark.numerics  # also run under each narrower code path (test_isa_paths)
-
 TEXT = (
     "A radix tree keyed by token ids lets requests that share a prompt prefix reuse its attention keys "
     "and values. The engine rounds every key and value it computes to the storage format first, so a "

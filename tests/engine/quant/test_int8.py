@@ -27,7 +27,6 @@ def _prompt(seed: int, n: int) -> list[int]:
     return torch.randint(200, 40000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.mark.numerics
 def test_batched_decode_equals_solo_decode(runner8):
     prompts = [_prompt(i, n) for i, n in enumerate((37, 90, 5, 64))]
     batch = [runner8.new_buffer(128) for _ in prompts]
@@ -51,7 +50,6 @@ ANSWERS = {  # question -> a word both weights formats answer with
 }
 
 
-@pytest.mark.numerics
 def test_answers_like_float32(engine8, engine):
     for question, word in ANSWERS.items():
         prompt = [{"role": "user", "content": question}]

@@ -14,8 +14,6 @@ from engine.fused import FusedLlamaRunner
 from engine.kv import BLOCK_TOKENS
 from tests.engine.reuse_helpers import assert_as_stated
 
-pytestmark = pytest.mark.numerics  # also run under each narrower code path (test_isa_paths)
-
 CHUNK = 256  # prefill chunk in this test, so ~600-token prompts cross chunk boundaries
 CASES = [  # (cached prefix tokens, suffix tokens)
     (BLOCK_TOKENS, 1),

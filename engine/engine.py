@@ -78,8 +78,8 @@ class Engine:
         self, model: Any, tokenizer: Any, *, model_id: str, config: EngineConfig | None = None
     ) -> None:
         self.config = config or EngineConfig(model=model_id)
-        if self.config.num_threads:
-            torch.set_num_threads(self.config.num_threads)
+        if self.config.num_threads and self.config.num_threads != torch.get_num_threads():
+            torch.set_num_threads(self.config.num_threads)  # changes MKL's threading mode: only when asked
         self.model_id = model_id
         self.tokenizer = tokenizer
         self.kv_codec = make_codec(self.config.kv_dtype, compute_dtype(model))

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import platform
@@ -32,10 +33,32 @@ ISA_VARIABLES = (
 
 
 def path_key() -> tuple[object, ...]:
-    """What decides which kernels run besides the CPU: the thread count and the ISA variables."""
+    """What decides which kernels run besides the CPU: the thread count, MKL's threading mode and
+    the ISA variables."""
     import torch
 
-    return (torch.get_num_threads(), *(os.environ.get(name, "") for name in ISA_VARIABLES))
+    return (torch.get_num_threads(), mkl_dynamic(), *(os.environ.get(name, "") for name in ISA_VARIABLES))
+
+
+def mkl_dynamic() -> int | None:
+    """MKL's dynamic-threads flag (None without MKL). ``torch.set_num_threads`` clears it for the
+    process and sets MKL threads per calling thread; after that, on MKL's AVX2 path, a GEMM inside
+    attention's parallel loop splits its sums by worker thread, so rows stop being offset-invariant
+    (the exactness self-check and the tile menus are keyed on this flag, not reused across it)."""
+    import torch
+
+    lib = _mkl_library(os.path.dirname(torch.__file__))
+    return None if lib is None else int(lib.mkl_serv_get_dynamic())
+
+
+@functools.cache
+def _mkl_library(torch_dir: str) -> ctypes.CDLL | None:
+    try:
+        lib = ctypes.CDLL(os.path.join(torch_dir, "lib", "libtorch_cpu.so"))
+        lib.mkl_serv_get_dynamic.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return lib
 
 
 @dataclass(frozen=True)

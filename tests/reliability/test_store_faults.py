@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 import threading
@@ -90,6 +89,15 @@ def replicas(serve, engine, store_url) -> Iterator[list[Any]]:
             pipeline.close()
 
 
+def _waits_on_a_lock(store_url: str) -> bool:
+    """Some other session is blocked on a lock (the writer, inside its transaction)."""
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        ).fetchone()
+    return bool(row and row[0])
+
+
 def _doc(http: httpx.Client, key: str, doc_id: str, collection: str | None = None) -> httpx.Response:
     where = f"?collection={collection}" if collection else ""
     return http.get(f"/v1/documents/{doc_id}{where}", headers=_auth(key))
@@ -133,16 +141,21 @@ def test_a_writer_killed_mid_transaction_leaves_nothing_half_visible(replicas, s
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(writer.stdout.readline, "")), daemon=True)
     reader.start()
-    try:
-        assert wait_until(
-            lambda: sum(x.startswith("acked") for x in lines) >= 3 or writer.poll() is not None, timeout=120
-        )
-        time.sleep(random.Random(3).uniform(0.0, 0.2))
-        assert wait_until(lambda: lines and lines[-1].startswith("writing"), timeout=30)
-        writer.kill()  # SIGKILL, with a write in flight
-    finally:
-        writer.kill()
-        writer.wait(30)
+    # A SHARE lock on the chunks table stops the next write after its document rows and before its
+    # chunks (DELETE and COPY need ROW EXCLUSIVE): the writer is killed mid-transaction, not by luck.
+    with psycopg.connect(store_url) as blocker:
+        try:
+            assert wait_until(
+                lambda: sum(x.startswith("acked") for x in lines) >= 3 or writer.poll() is not None,
+                timeout=120,
+            )
+            blocker.execute("LOCK TABLE prefixrag.chunks IN SHARE MODE")
+            assert wait_until(lambda: _waits_on_a_lock(store_url), timeout=60), lines[-3:]
+            writer.kill()  # SIGKILL, with a write in flight
+        finally:
+            writer.kill()
+            writer.wait(30)
+        blocker.rollback()  # the orphaned transaction resumes, finds its client gone and aborts
     reader.join(10)
     assert writer.returncode == -9, writer.stderr.read() if writer.stderr else ""
     acked = {x.split()[1] for x in lines if x.startswith("acked")}

@@ -1,5 +1,11 @@
 """engine.quant.linear: int8 weights times per-row int8 activations, on the real model's weights."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,17 +40,31 @@ def test_a_row_does_not_depend_on_the_other_rows(real_weights, activations, rows
     assert torch.equal(int8_linear(activations[start:end], w), full[start:end])
 
 
-def test_rows_in_another_order_and_thread_count_give_the_same_bits(real_weights, activations):
+ONE_THREAD = """
+import sys
+import numpy as np
+import torch
+from engine.quant.linear import int8_linear, quantize_weight
+torch.set_num_threads(1)
+weight, x = (torch.from_numpy(np.load(p)) for p in sys.argv[1:3])
+np.save(sys.argv[3], int8_linear(x, quantize_weight(weight)).numpy())
+"""
+
+
+def test_rows_in_another_order_and_thread_count_give_the_same_bits(real_weights, activations, tmp_path):
     w = quantize_weight(real_weights["qkv"])
     full = int8_linear(activations, w)
     order = torch.randperm(activations.shape[0], generator=torch.Generator().manual_seed(0))
     assert torch.equal(int8_linear(activations[order], w), full[order])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(int8_linear(activations, w), full)
-    finally:
-        torch.set_num_threads(threads)
+    # one thread in a process of its own: torch.set_num_threads changes MKL's threading mode for the
+    # whole process, which would leave the other numerics tests on another code path
+    paths = [tmp_path / f"{name}.npy" for name in ("weight", "x", "out")]
+    np.save(paths[0], real_weights["qkv"].numpy())
+    np.save(paths[1], activations.numpy())
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", ONE_THREAD, *map(str, paths)], check=True, env=env, timeout=300)
+    assert torch.equal(torch.from_numpy(np.load(paths[2])), full)
 
 
 @pytest.mark.parametrize("name", ["qkv", "down"])

@@ -435,6 +435,14 @@ def bench(
     chunks_section: bool = typer.Option(
         True, "--chunks-section/--no-chunks-section", help="chunk reuse: speed and fidelity to full prefill"
     ),
+    quality_section: bool = typer.Option(
+        True,
+        "--quality-section/--no-quality-section",
+        help="answer accuracy and agreement with full prefill per setting, on the QA set",
+    ),
+    quality_questions: int = typer.Option(
+        None, "--quality-questions", min=1, help="QA questions the quality section asks (default 48; quick 3)"
+    ),
     retrieval_section: bool = typer.Option(
         None,
         "--retrieval-section/--no-retrieval-section",
@@ -464,6 +472,8 @@ def bench(
         kv_section=kv_section,
         weights_section=weights_section,
         chunks_section=chunks_section,
+        quality_section=quality_section,
+        quality_questions=quality_questions,
         retrieval_section=retrieval_section,
     )
 

@@ -17,6 +17,7 @@ from typing import Any
 from rag.benchmark.chunks_report import chunks_markdown
 from rag.benchmark.measure import OFF, TRANSFORMERS
 from rag.benchmark.plots import PLOTS, draw_all
+from rag.benchmark.quality_report import quality_markdown
 from rag.benchmark.retrieval_report import retrieval_section
 from rag.benchmark.weights_report import weights_markdown
 
@@ -133,6 +134,7 @@ def render_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         _engine_section(results),
         weights_markdown(results),
         chunks_markdown(results),
+        quality_markdown(results),
         _radix_section(results),
         _kv_section(results),
         retrieval_section(results),

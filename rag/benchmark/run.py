@@ -27,6 +27,7 @@ from engine.models import LoadedModel, kv_bytes_per_token, load_model
 from rag.benchmark.baselines import llama_cpp_status
 from rag.benchmark.config import BenchConfig
 from rag.benchmark.measure import OFF, TRANSFORMERS, Measurement, measure_stream, measure_tpot, sample_indices
+from rag.benchmark.quality_bench import quality_steps
 from rag.benchmark.report import write_outputs
 from rag.benchmark.results import (
     capacity_monotone,
@@ -106,6 +107,8 @@ def run_benchmark(
                 advance=step,
             )
         chunks_section = _chunks_section(config, clock, step, loaded, kb, main)
+        gc.collect()
+        quality_section = _quality_section(config, clock, step, loaded, kb)
         engine_section = _engine_section(config, clock, step)
         gc.collect()  # the measured engines' caches (GBs) before the sections allocate theirs
         weights_section = _weights_section(config, clock, step, loaded, llama_ok)
@@ -125,6 +128,7 @@ def run_benchmark(
     results["engine_section"] = engine_section
     results["weights_section"] = weights_section
     results["chunks_section"] = chunks_section
+    results["quality_section"] = quality_section
     results["radix_section"] = radix_section
     results["kv_section"] = kv_section
     results["retrieval_section"] = retrieval_section
@@ -301,6 +305,17 @@ def _chunks_section(
         return run_chunks_bench(loaded, kb, workload, config, step)
 
 
+def _quality_section(
+    config: BenchConfig, clock: _Clock, step: Step, loaded: LoadedModel, kb: KnowledgeBase
+) -> dict[str, Any] | None:
+    if not config.quality_section:
+        return None
+    from rag.benchmark.quality_bench import run_quality_bench
+
+    with clock("quality section"):
+        return run_quality_bench(loaded, kb, config, step)
+
+
 def _radix_section(
     config: BenchConfig, clock: _Clock, step: Step, bytes_per_token: int
 ) -> dict[str, Any] | None:
@@ -403,7 +418,8 @@ def _total_steps(config: BenchConfig) -> int:
     )
     kv = 3 + len(config.kv_disk_dtypes) if config.kv_section else 0
     retrieval = 2 * int(config.retrieval_section)
-    sections = engine + weights + int(config.radix_section) + kv + chunks + retrieval
+    quality = quality_steps(config) if config.quality_section else 0
+    sections = engine + weights + int(config.radix_section) + kv + chunks + retrieval + quality
     return 2 + sweep + steady + config.requests + 1 + sections
 
 

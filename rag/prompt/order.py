@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 ORDERS = ("relevance", "canonical", "cache")
+# chunks mode reuses every cached chunk wherever it stands, so its order is the one answers are best in
+CHUNKS_MODE_ORDER = "relevance"
 
 PrefixProbe = Callable[[list[int]], int]
 """Given candidate prompt ids, how many leading tokens the cache holds (must not change the cache)."""

@@ -176,6 +176,7 @@ class AskRun:
             total_tokens=prompt + completion,
             stitched_tokens=int(u.get("stitched_tokens", 0)),
             recomputed_tokens=int(u.get("recomputed_tokens", 0)),
+            stitch_deviation=u.get("stitch_deviation"),
             reuse=str(u.get("reuse", "prefix")),
         )
 

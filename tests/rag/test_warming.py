@@ -56,8 +56,10 @@ def test_chunks_mode_reuses_warmed_chunks_on_the_first_question(pipeline):
     assert usage.cached_tokens >= len(pipeline.assembler.stable_ids)  # the first chunk's placement, exact
     assert usage.stitched_tokens > 0 and usage.recomputed_tokens > 0
     assert usage.cached_tokens + usage.stitched_tokens + usage.recomputed_tokens < usage.prompt_tokens
+    assert usage.stitch_deviation is not None and 0 < usage.stitch_deviation < 1
     exact = pipeline.ask("What is the secret code of the Zorblax project?", top_k=3, namespace="chunks")
     assert exact.usage.reuse == "prefix" and exact.usage.stitched_tokens == 0
+    assert exact.usage.stitch_deviation is None
 
 
 def test_warmed_chunks_are_not_shared_across_tenants(pipeline):

@@ -76,6 +76,12 @@ class AskUsage(BaseModel):
     recomputed_tokens: int = Field(
         default=0, description="reused chunk tokens computed again so the chunks see each other"
     )
+    stitch_deviation: float | None = Field(
+        default=None,
+        description="how far a stitched prompt was from exact, 0 to 1: the share of the question's attention, "
+        "at the engine's selection layer, on chunk tokens whose KV was reused at a new position and not "
+        "recomputed (null when nothing was stitched); the benchmark report relates it to answer changes",
+    )
     reuse: str = Field(default="prefix", description="the KV reuse mode that served the question")
 
 

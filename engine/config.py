@@ -57,7 +57,21 @@ class EngineConfig(BaseModel):
         "what else is batched with it (greedy output under load equals sequential output, bit for bit) "
         "and a decoded answer's KV equals a prefill's (a follow-up turn that reuses it is exact), at a "
         "slower single-stream decode; off (vLLM's and SGLang's default): batched decode and reused "
-        "answers may round differently. Reuse of prompt KV is exact either way (engine/prefill_shapes.py)",
+        "answers may round differently. Reuse of prompt KV is exact either way where the engine states "
+        "exact_reuse (engine/prefill_shapes.py, engine/exact_reuse.py)",
+    )
+    exact_shapes: bool = Field(
+        default=True,
+        description="fused runner: every prefill matmul and attention call runs the calibrated row "
+        "tiles that make a token's result independent of how its prompt was split (engine/row_tiles.py); "
+        "False runs each in one call of whatever size, whose rounding then depends on the split on "
+        "some CPUs (exact_reuse says so). The benchmark measures what the tiles cost",
+    )
+    check_exact_reuse: bool = Field(
+        default=True,
+        description="at load, check that reusing cached KV gives the same bits as computing it on this "
+        "machine (a seeded prompt computed whole and split; under a second for the bundled model) and "
+        "state the verdict as exact_reuse in stats(); False skips the check (exact_reuse: null)",
     )
     prefill_chunk_tokens: int = Field(
         default=1024,

@@ -16,10 +16,11 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
+from engine.backend import TIER_FLUSH_TIMEOUT_S, BackendCapabilities
 from engine.chunks.plan import check_spans, plan_stitch
 from engine.chunks.reuse import ChunkReuse, chunks_unsupported_reason, resolve_reuse
 from engine.chunks.sources import RequestCancelled
@@ -27,6 +28,7 @@ from engine.chunks.stitcher import ChunkStitcher, Stitched
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
 from engine.encoding import PromptInput, encode_prompt
+from engine.exact_reuse import ExactReuse, check_exact_reuse
 from engine.fused import FusedLlamaRunner, drop_float_linears, fused_unsupported_reason
 from engine.kv.block_pool import KVBlockPool
 from engine.kv.buffer_pool import BufferPool
@@ -44,6 +46,7 @@ from engine.request import (
     final_result,
 )
 from engine.runner import ModelRunner, prefix_reuse_blocker
+from engine.runners import Runner, stitching_runner
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler
 from engine.tiers.disk import open_disk_tier
@@ -83,20 +86,25 @@ class Engine:
         if self.caching and blocker:
             log.warning("prefix caching turned off for %s: %s", model_id, blocker)
             self.caching = False
+        self.exact_reuse = self._check_exact_reuse()
         self.cache = RadixCache.from_config(self.config.cache_config())
         self.eos_ids = _eos_ids(model, tokenizer)
         self.buffers = BufferPool(self.config.buffer_pool_bytes)
         slab = self.config.kv_slab_bytes
         self.kv_blocks = KVBlockPool(BLOCK_TOKENS, slab) if slab else None
-        self.scheduler = Scheduler(self._probe, self.config.max_waiting, self.config.aging_rate)
+        self.scheduler = Scheduler(
+            self._probe, max_waiting=self.config.max_waiting, aging_rate=self.config.aging_rate
+        )
         self.disk = open_disk_tier(self, model) if self.caching else None
         self.chunks_blocker = chunks_unsupported_reason(self.runner, self.caching)
         if self.config.reuse == "chunks" and self.chunks_blocker:
             log.warning("reuse='chunks' falls back to 'prefix' for %s: %s", model_id, self.chunks_blocker)
+        stitching = stitching_runner(self.runner) if self.chunks_blocker is None else None
         self.stitcher = (
-            ChunkStitcher(self.cache, self.runner, self.buffers, self.disk)
-            if self.chunks_blocker is None and isinstance(self.runner, FusedLlamaRunner)
-            else None
+            ChunkStitcher(self.cache, stitching, self.buffers, self.disk) if stitching is not None else None
+        )
+        self.capabilities = BackendCapabilities(
+            prefix_probe=True, public_prefix=True, chunk_reuse=self.stitcher is not None, local_cache=True
         )
         self._chunks_fallback_logged = False
         self._running: list[Request] = []
@@ -121,24 +129,11 @@ class Engine:
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(
-        cls,
-        model: str = DEFAULT_MODEL,
-        *,
-        cache_bytes: int = 1 << 30,
-        dtype: Literal["float32", "bfloat16"] = "float32",
-        enable_prefix_cache: bool = True,
-        **options: Any,
-    ) -> Engine:
-        """Load a registry model, local HF dir or hub id; ``options`` are any EngineConfig fields."""
-        config = EngineConfig(
-            model=str(model),
-            cache_bytes=cache_bytes,
-            dtype=dtype,
-            enable_prefix_cache=enable_prefix_cache,
-            **options,
-        )
-        return cls.from_config(config)
+    def from_pretrained(cls, model: str = DEFAULT_MODEL, **options: Any) -> Engine:
+        """Load a registry model, local HF dir or hub id. ``options`` are EngineConfig fields
+        (``cache_bytes``, ``dtype``, ``enable_prefix_cache``, ``weights``...), EngineConfig's defaults
+        for the rest."""
+        return cls.from_config(EngineConfig(model=str(model), **options))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
@@ -338,13 +333,25 @@ class Engine:
         per_token = stats.used_bytes / held if held else self.kv_codec.bytes_per_token(self.kv_geometry)
         return int((self.cache.capacity_bytes - stats.used_bytes) // max(per_token, 1))
 
+    def _check_exact_reuse(self) -> ExactReuse:
+        """This machine's verdict on reuse exactness for the runner (engine.exact_reuse)."""
+        if not self.caching:
+            return ExactReuse(None, "prefix caching is off: no KV is reused")
+        if not self.config.check_exact_reuse:
+            return ExactReuse(None, "not checked (check_exact_reuse=False)")
+        verdict = check_exact_reuse(self.runner)
+        if not verdict.exact:
+            log.warning("reuse of cached KV is not bit-exact here (float rounding only): %s", verdict.reason)
+        return verdict
+
     def stats(self) -> dict[str, Any]:
         """Engine counters plus the prefix cache's."""
         cache = self.cache.stats()
         return {
             "model": self.model_id,
+            **self.exact_reuse.to_dict(),
             "weights": self.config.weights,
-            "weight_bytes": _weight_bytes(self.runner),
+            "weight_bytes": self.runner.weight_bytes(),
             "caching": self.caching,
             "waiting": len(self.scheduler),
             "running": len(self._running),
@@ -361,6 +368,11 @@ class Engine:
 
     def reset_cache(self) -> None:
         self.cache.reset()
+
+    def flush_tiers(self, timeout_s: float = TIER_FLUSH_TIMEOUT_S) -> bool | None:
+        """Wait until the tiers under the RAM cache hold every block written so far: True when they
+        do, False on timeout, None without a tier."""
+        return self.disk.flush(timeout_s) if self.disk is not None else None
 
     def close(self) -> None:
         """Stop the worker; waiting requests fail with EngineError."""
@@ -718,9 +730,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _make_runner(
-    model: Any, tokenizer: Any, config: EngineConfig, codec: KVCodec
-) -> ModelRunner | FusedLlamaRunner:
+def _make_runner(model: Any, tokenizer: Any, config: EngineConfig, codec: KVCodec) -> Runner:
     """'auto' picks the fused runner when the architecture allows it, else transformers' forward."""
     if config.runner == "hf":
         return ModelRunner(model, kv_codec=codec)
@@ -729,6 +739,7 @@ def _make_runner(
         return FusedLlamaRunner(
             model,
             batch_invariant=config.batch_invariant,
+            exact_shapes=config.exact_shapes,
             weights=config.weights,
             tokenizer=tokenizer,
             kv_codec=codec,
@@ -741,16 +752,6 @@ def _make_runner(
         raise ValueError(f"runner='fast' cannot run this model: {reason}")
     log.info("using the transformers runner: %s", reason)
     return ModelRunner(model, kv_codec=codec)
-
-
-def _weight_bytes(runner: ModelRunner | FusedLlamaRunner) -> int:
-    """Bytes of the weights the runner computes with (the transformers runner: all parameters)."""
-    if isinstance(runner, FusedLlamaRunner):
-        return runner.weight_bytes()
-    storages = {
-        p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in runner.model.parameters()
-    }
-    return sum(storages.values())
 
 
 __all__ = ["Engine", "KVBuffer"]

@@ -24,6 +24,7 @@ from typing import Any, get_args
 import torch
 import torch.nn.functional as F
 
+from engine.chunks.reuse import rotation_blocker
 from engine.config import WeightsFormat
 from engine.kv.codec import KVCodec
 from engine.kv.state import KVBuffer
@@ -32,6 +33,7 @@ from engine.quant.linear import Int8Weight, int8_linear, rescore_top
 from engine.quant.model import int8_model
 from engine.row_tiles import BASE_MENU, TILE, TileMenu, linear_menu, round_up, tiled_linear
 from engine.runner import prefix_reuse_blocker
+from engine.runners import RunnerCapabilities
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
 WEIGHTS_FORMATS: tuple[str, ...] = get_args(WeightsFormat)
@@ -125,6 +127,7 @@ class FusedLlamaRunner:
         weights: WeightsFormat = "float32",
         tokenizer: Any = None,
         kv_codec: KVCodec | None = None,
+        exact_shapes: bool = True,
     ) -> None:
         reason = fused_unsupported_reason(model)
         if reason:
@@ -165,16 +168,22 @@ class FusedLlamaRunner:
         self.menus: dict[tuple[int, int], TileMenu] = {}
         for w in (self.layers[0].wqkv, self.layers[0].wo, self.layers[0].wgu, self.layers[0].wdown):
             if isinstance(w, torch.Tensor):
-                self.menus[tuple(w.shape)] = linear_menu(w.shape[1], w.shape[0], w.dtype)
+                self.menus[(w.shape[0], w.shape[1])] = linear_menu(w.shape[1], w.shape[0], w.dtype)
         self.attention_tiles = attention_menu(
             self._attend, self.heads, self.kv_heads, self.head_dim, self.dtype, self.scale
         )
         # batch_invariant decode runs a prefill's shapes (TILE matmul rows, one query tile over full
         # key blocks): a token never depends on its batch mates, and its KV equals a prefill's
         self.batch_invariant = batch_invariant
+        # False: each prefill matmul and key-block span in one call of whatever size (reuse then rounds
+        # as the kernels choose; kept to measure what the exact shapes cost)
+        self.exact_shapes = exact_shapes
         # K/V are rounded through the cache's storage format before attention, on every path
         self.kv_codec = kv_codec
         self._kv_round = kv_codec.round if kv_codec is not None and not kv_codec.identity else None
+        self.capabilities = RunnerCapabilities(
+            batched_decode=True, int8_weights=weights == "int8", stitch_blocker=rotation_blocker(self.rotary)
+        )
 
     @staticmethod
     def _fuse(layer: Any) -> _Layer:
@@ -241,10 +250,10 @@ class FusedLlamaRunner:
         # every projection and the lm_head go through here: x [T, in] -> [T, out]
         if isinstance(weight, Int8Weight):
             return int8_linear(x, weight, bias)
-        if x.shape[0] < TILE:  # decode's few rows: no row-exactness is promised there
+        if x.shape[0] < TILE or not self.exact_shapes:  # decode's few rows: no row-exactness promised
             return F.linear(x, weight, bias)
         # the lm_head has no menu: it only ever runs one tile of rows (or decode's few)
-        return tiled_linear(x, weight, self.menus.get(tuple(weight.shape), BASE_MENU), bias)
+        return tiled_linear(x, weight, self.menus.get((weight.shape[0], weight.shape[1]), BASE_MENU), bias)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         h = x.float()
@@ -299,14 +308,20 @@ class FusedLlamaRunner:
         calls = []
         for a, b, keys in key_block_spans(past, s):
             start = a
-            for size in self.attention_tiles.plan(b - a):
+            plan = self.attention_tiles.plan(b - a) if self.exact_shapes else (round_up(b - a, TILE),)
+            for size in plan:
                 real = min(size, b - start)
                 calls.append((start, real, size, keys, prefill_mask(size, past + start, keys, self.device)))
                 start += real
         return calls
 
     def _attend_tiles(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, calls: list[_AttentionCall]
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        past: int,
+        calls: list[_AttentionCall],
     ) -> torch.Tensor:
         # q: [R, H, D] -> [R, H*D]: each tile's real rows, padded; rows past the calls (matmul
         # padding) attend to nothing
@@ -397,7 +412,9 @@ class FusedLlamaRunner:
             k, v = self.round_kv(k[:s], v[:s])
             k_store[i, 0, :, past : past + s] = k[:s].transpose(0, 1)
             v_store[i, 0, :, past : past + s] = v[:s].transpose(0, 1)
-            attn = self._attend_tiles(q, k_store[i, :, :, :keys_end], v_store[i, :, :, :keys_end], past, calls)
+            attn = self._attend_tiles(
+                q, k_store[i, :, :, :keys_end], v_store[i, :, :, :keys_end], past, calls
+            )
             x = x + self._attn_out(layer, attn)
             x = x + self._mlp(layer, x)
         buffer.set_length(past + s)

@@ -92,7 +92,9 @@ def attention_menu(
     return cached_menu(key, lambda: _calibrate_attention(attend, heads, kv_heads, head_dim, dtype))
 
 
-def _calibrate_attention(attend: Attend, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> TileMenu:
+def _calibrate_attention(
+    attend: Attend, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> TileMenu:
     gen = torch.Generator().manual_seed(0)
     rows = problem_rows(ATTENTION_CANDIDATES)
     past = KEY_BLOCK  # the queries sit at positions past .. past + rows, their keys in later blocks

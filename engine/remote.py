@@ -25,12 +25,14 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
 
+from engine.backend import BackendCapabilities
+from engine.chunks.reuse import ChunkReuse
 from engine.encoding import PromptInput
 from engine.request import EngineError, GenerationResult, QueueFullError, StreamEvent, final_result
 from engine.sampling import SamplingParams
@@ -54,7 +56,13 @@ class RemoteEngine:
         >>> r.text, r.prompt_tokens, r.cached_tokens                  # doctest: +SKIP
         ('Hello! How can I help', 31, 0)
         >>> pipeline = Pipeline(config, engine=eng)                   # retrieval local, generation remote
+
+    Of the optional backend capabilities (``engine.backend``) it implements none: the server's cache is
+    not this process's to probe, reset or warm, it takes no chunk spans, and a public prefix is the
+    server's own policy.
     """
+
+    capabilities = BackendCapabilities()
 
     def __init__(
         self,
@@ -127,14 +135,20 @@ class RemoteEngine:
         params: SamplingParams | None = None,
         *,
         namespace: str = "",
-        reuse: Any = None,
+        public_prefix: int = 0,
+        reuse: str | ChunkReuse | None = None,
         chunk_spans: Sequence[tuple[int, int]] | None = None,
     ) -> GenerationResult:
         """Run one request to completion (raises EngineError, ValueError or QueueFullError)."""
-        return final_result(
-            self.stream(prompt, params, namespace=namespace, reuse=reuse, chunk_spans=chunk_spans),
-            self.base_url,
+        stream = self.stream(
+            prompt,
+            params,
+            namespace=namespace,
+            public_prefix=public_prefix,
+            reuse=reuse,
+            chunk_spans=chunk_spans,
         )
+        return final_result(stream, self.base_url)
 
     def stream(
         self,
@@ -142,16 +156,23 @@ class RemoteEngine:
         params: SamplingParams | None = None,
         *,
         namespace: str = "",
-        reuse: Any = None,
+        public_prefix: int = 0,
+        reuse: str | ChunkReuse | None = None,
         chunk_spans: Sequence[tuple[int, int]] | None = None,
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """Yield text deltas as the server streams them; the last event carries the result.
         Closing the iterator early closes the connection (the server cancels the request).
 
         Prefix reuse only: ``reuse`` other than None/"prefix" is refused (an OpenAI-compatible server
-        takes no chunk spans); ``chunk_spans`` are accepted and unused."""
+        takes no chunk spans); ``chunk_spans`` are accepted and unused. ``public_prefix`` must be 0
+        (``capabilities.public_prefix`` is off: sharing across tenants is the server's decision)."""
         if not isinstance(namespace, str):
             raise ValueError(f"namespace must be a string, got {type(namespace).__name__}")
+        if public_prefix != 0:
+            raise ValueError(
+                f"public_prefix={public_prefix!r}: a remote engine does not share prefixes across tenants "
+                "(its server decides that); leave it at 0"
+            )
         if reuse not in (None, "prefix"):
             raise ValueError(
                 f"reuse={reuse!r}: a remote engine reuses exact prefixes only (chunk reuse needs a local "
@@ -179,7 +200,7 @@ class RemoteEngine:
         self.close()
 
     # ---- one request ----------------------------------------------------------------------------
-    def _events(self, kind: str, value: Any, body: dict[str, Any]) -> Iterator[StreamEvent]:
+    def _events(self, kind: str, value: Any, body: dict[str, Any]) -> Generator[StreamEvent, None, None]:
         request_id = uuid.uuid4().hex
         path, payload = self._payload(kind, value, body)
         try:

@@ -23,7 +23,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -32,11 +31,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.calibration_cache import recall, remember
+from engine.isa import path_key
+
 TILE = 16  # the base tile: every other menu size must give its rows the same bits
 CANDIDATES = (32, 64, 128, 256, 512, 1024)  # other call sizes a menu may admit
 _OFFSETS = (0, TILE, 3 * TILE)  # tile starts at which a candidate must reproduce the base rows
-# what else decides a kernel's path: the environment variables that narrow each library's ISA
-_ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -104,16 +104,13 @@ def calibrate(run: Callable[[int, int], torch.Tensor], candidates: tuple[int, ..
     return TileMenu(tuple(sizes), tuple(seconds))
 
 
-def _timed(run: Callable[[int, int], torch.Tensor], start: int, size: int, times: list[float]) -> torch.Tensor:
+def _timed(
+    run: Callable[[int, int], torch.Tensor], start: int, size: int, times: list[float]
+) -> torch.Tensor:
     t0 = time.perf_counter()
     out = run(start, size)
     times.append(time.perf_counter() - t0)
     return out
-
-
-def path_key() -> tuple[object, ...]:
-    """What decides which kernels run: thread count and the ISA-narrowing environment."""
-    return (torch.get_num_threads(), *(os.environ.get(name, "") for name in _ISA_ENV))
 
 
 BASE_MENU = TileMenu(sizes=(TILE,), seconds=(1.0,))  # base tiles only: exact anywhere, never measured
@@ -137,12 +134,27 @@ def _calibrate_linear(in_features: int, out_features: int, dtype: torch.dtype) -
 
 
 def cached_menu(key: tuple[object, ...], measure: Callable[[], TileMenu]) -> TileMenu:
-    """A menu kept per process under ``key`` (plus the path key), measured on first use."""
+    """A menu kept under ``key`` (plus the path key), in this process and on disk for the next ones
+    (engine.calibration_cache), measured on first use."""
     full = (*key, *path_key())
     with _menus_lock:
         menu = _menus.get(full)
         if menu is None:
-            menu = _menus[full] = measure()
+            menu = _menus[full] = _stored(key) or _measured(key, measure)
+    return menu
+
+
+def _stored(key: tuple[object, ...]) -> TileMenu | None:
+    value = recall("tiles", key)
+    try:
+        return None if value is None else TileMenu(tuple(value["sizes"]), tuple(value["seconds"]))
+    except (KeyError, TypeError, AssertionError):
+        return None  # malformed: measure again
+
+
+def _measured(key: tuple[object, ...], measure: Callable[[], TileMenu]) -> TileMenu:
+    menu = measure()
+    remember("tiles", key, {"sizes": list(menu.sizes), "seconds": list(menu.seconds)})
     return menu
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -11,6 +12,8 @@ import torch
 from engine.kv.codec import KVCodec
 from engine.kv.state import KVBuffer
 from engine.prefill_shapes import KEY_BLOCK, query_rows
+from engine.row_tiles import TileMenu, linear_menu, tiled_linear
+from engine.runners import RunnerCapabilities
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,8 @@ class ModelRunner:
         >>> logits = runner.decode_step(int(logits.argmax()), buf)
     """
 
+    capabilities = RunnerCapabilities()  # one forward per sequence, float weights, no stitching
+
     def __init__(self, model: Any, *, kv_codec: KVCodec | None = None) -> None:
         self.model = model
         self.kv_codec = kv_codec  # the buffer rounds every K/V written through it (KVBuffer.update)
@@ -60,9 +65,23 @@ class ModelRunner:
         )
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
+        # every Linear but the lm_head (which prefill runs on one row) gets its row-tile menu
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        self.linears: list[tuple[torch.nn.Linear, TileMenu]] = [
+            (m, linear_menu(m.in_features, m.out_features, m.weight.dtype))
+            for m in model.modules()
+            if isinstance(m, torch.nn.Linear) and m is not head and m.weight.numel()
+        ]
 
     def new_buffer(self, capacity: int) -> KVBuffer:
         return KVBuffer(self.num_layers, capacity, self.kv_codec)
+
+    def weight_bytes(self) -> int:
+        """Bytes of the model's parameters (shared storage, such as a tied lm_head, counted once)."""
+        storages = {
+            p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in self.model.parameters()
+        }
+        return sum(storages.values())
 
     @torch.inference_mode()
     def forward(
@@ -108,11 +127,23 @@ class ModelRunner:
         # mask instead of cutting the keys down to the queries for SDPA's is_causal
         keys = torch.ones(1, buffer.shown_keys(past + rows), dtype=torch.bool, device=self.device)
         try:
-            logits = self.forward(list(token_ids) + [0] * (rows - s), buffer, s - 1, keys)
+            with self._tiled_linears():
+                logits = self.forward(list(token_ids) + [0] * (rows - s), buffer, s - 1, keys)
         finally:
             buffer.key_align = 1
         buffer.truncate(past + s)
         return logits
+
+    @contextlib.contextmanager
+    def _tiled_linears(self) -> Iterator[None]:
+        """The model's Linears run their rows as row tiles (engine.row_tiles) for the duration."""
+        for module, menu in self.linears:
+            module.forward = _TiledForward(module, menu)  # type: ignore[method-assign,assignment]
+        try:
+            yield
+        finally:
+            for module, _ in self.linears:
+                del module.forward  # back to the class's own forward
 
     def decode_step(self, token_id: int, buffer: KVBuffer) -> torch.Tensor:
         return self.forward((token_id,), buffer)
@@ -120,3 +151,17 @@ class ModelRunner:
     def decode_batch(self, token_ids: Sequence[int], buffers: Sequence[KVBuffer]) -> list[torch.Tensor]:
         """One decode step for several sequences (one forward each: HF attention has no ragged batch)."""
         return [self.decode_step(t, b) for t, b in zip(token_ids, buffers)]
+
+
+class _TiledForward:
+    """A Linear's forward over ``[..., in]`` as row tiles of its menu (a plain call for fewer rows)."""
+
+    def __init__(self, module: torch.nn.Linear, menu: TileMenu) -> None:
+        self.module = module
+        self.menu = menu
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        rows = x.reshape(-1, m.in_features)
+        out = tiled_linear(rows, m.weight, self.menu, m.bias)
+        return out.view(*x.shape[:-1], m.out_features)

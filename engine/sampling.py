@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+DEFAULT_MAX_TOKENS = 256  # an answer's length cap when nobody names one
+
 
 @dataclass
 class SamplingParams:
@@ -17,7 +19,7 @@ class SamplingParams:
         SamplingParams(max_tokens=64, temperature=0.7, top_p=0.9, top_k=0, stop=['\\n\\n'], seed=1, ...)
     """
 
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off

@@ -17,7 +17,7 @@ class Scheduler:
     cache hit; arrival order breaks ties.
 
     Example:
-        >>> sched = Scheduler(prefix_probe=lambda req: 0, max_waiting=64)
+        >>> sched = Scheduler(prefix_probe=lambda req: 0, max_waiting=64, aging_rate=2000.0)
         >>> sched.add(request)                                   # doctest: +SKIP
         >>> sched.pop()                                          # doctest: +SKIP
     """
@@ -25,8 +25,9 @@ class Scheduler:
     def __init__(
         self,
         prefix_probe: Callable[[Request], int],
-        max_waiting: int = 256,
-        aging_rate: float = 2000.0,
+        *,
+        max_waiting: int,
+        aging_rate: float,
     ) -> None:
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")

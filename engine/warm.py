@@ -36,7 +36,6 @@ def warm_prompts(
     *,
     namespace: str = "",
     progress: Callable[[int, int], None] | None = None,
-    flush_timeout_s: float = 600.0,
 ) -> WarmResult:
     """Prefill each prompt (one sampled token, discarded) so its KV is cached; every prompt is validated
     before any work starts."""
@@ -53,5 +52,5 @@ def warm_prompts(
         cached += result.cached_tokens
         if progress is not None:
             progress(i + 1, len(encoded))
-    written = engine.disk.flush(flush_timeout_s) if engine.disk is not None else None
+    written = engine.flush_tiers()
     return WarmResult(len(encoded), total, cached, written)

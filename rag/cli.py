@@ -189,7 +189,7 @@ def ask(
 
 @app.command()
 def demo(
-    model: str = typer.Option("smollm2-135m-instruct", help="registry name or HF model dir"),
+    model: str = typer.Option(None, help="registry name or HF model dir (default: the bundled model)"),
     index: Path = typer.Option(
         None, "--index", help="demo index dir (default: $PREFIXRAG_HOME/indexes/python-reference)"
     ),
@@ -208,7 +208,8 @@ def demo(
     from rag.demo import DEMO_QUESTIONS, DEMO_REPHRASED, default_demo_index, run_demo
 
     try:
-        engine = EngineConfig(model=model, weights=weights)  # type: ignore[arg-type]
+        chosen = {"model": model} if model else {}  # else EngineConfig's default
+        engine = EngineConfig(weights=weights, **chosen)  # type: ignore[arg-type]
     except ValidationError as exc:
         console.print(f"[red]invalid settings:[/] {exc}")
         raise typer.Exit(2) from exc

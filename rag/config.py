@@ -17,8 +17,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.config import EngineConfig
-from engine.sampling import SamplingParams
+from engine.models import DEFAULT_MODEL
+from engine.sampling import DEFAULT_MAX_TOKENS, SamplingParams
+from rag.ingestion.chunking import CHUNK_OVERLAP, CHUNK_TOKENS
 from rag.prompt.assembler import DEFAULT_SYSTEM_PROMPT
+from rag.prompt.order import ChunkOrder
 from rag.retrieval.embedder import DEFAULT_EMBEDDER, LongTexts
 from rag.retrieval.retriever import check_top_k
 from rag.types import check_collection
@@ -26,7 +29,6 @@ from rag.types import check_collection
 RetrievalMode = Literal["dense", "bm25", "hybrid"]
 Fusion = Literal["weighted", "rrf"]
 RerankerName = Literal["none", "embedding", "cross-encoder"]
-ChunkOrder = Literal["relevance", "canonical", "cache"]
 
 
 class RAGConfig(BaseModel):
@@ -45,11 +47,13 @@ class RAGConfig(BaseModel):
     )
     embed_batch_size: int = Field(default=64, gt=0)
     tokenizer_model: str = Field(
-        default="smollm2-135m-instruct",
+        default=DEFAULT_MODEL,
         description="LLM whose tokenizer measures chunk sizes (engine registry name or dir)",
     )
-    chunk_size: int = Field(default=256, gt=0, description="max LLM tokens per chunk")
-    chunk_overlap: int = Field(default=32, ge=0, description="tokens repeated from the previous chunk")
+    chunk_size: int = Field(default=CHUNK_TOKENS, gt=0, description="max LLM tokens per chunk")
+    chunk_overlap: int = Field(
+        default=CHUNK_OVERLAP, ge=0, description="tokens repeated from the previous chunk"
+    )
     title_in_embedding: bool = Field(
         default=True,
         description="prefix each chunk's document title to the text that is embedded and BM25-indexed",
@@ -108,7 +112,7 @@ class RAGConfig(BaseModel):
     )
     # generation
     max_tokens: int = Field(
-        default=256, gt=0, description="answer length cap (reserved in the context budget)"
+        default=DEFAULT_MAX_TOKENS, gt=0, description="answer length cap (reserved in the context budget)"
     )
     temperature: float = Field(default=0.0, ge=0.0, le=10.0)
     repetition_penalty: float = Field(

@@ -106,13 +106,19 @@ def run_demo(
             f"{cache.get('cached_tokens', 0):,} tokens held in {cache.get('used_bytes', 0) / 2**20:.0f} MiB "
             f"({kv.get('bytes_per_token', 0):,} bytes per token, {kv.get('kv_dtype', '?')} KV)\n"
             f"{stats.get('weights', config.engine.weights)} weights, "
-            f"{stats.get('weight_bytes', 0) / 2**20:.0f} MiB in memory",
+            f"{stats.get('weight_bytes', 0) / 2**20:.0f} MiB in memory\n"
+            f"exact reuse on this machine: [bold]{_verdict(stats.get('exact_reuse'))}[/] "
+            f"({stats.get('exact_reuse_reason', 'not reported by this engine')})",
             title="prefix cache",
         )
     )
     chunked = [a for _, run, a in rows if run == "chunks"]
     if chunked:
         console.print(chunks_panel(chunked, cold))
+
+
+def _verdict(exact: bool | None) -> str:
+    return {True: "bit-exact", False: "within float rounding", None: "not checked"}[exact]
 
 
 def chunks_panel(answers: list[Answer], cold_ms: float) -> Panel:

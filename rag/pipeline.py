@@ -8,120 +8,27 @@ question ─► KnowledgeBase.search_timed (hybrid retrieval, optional rerank)
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
+from engine.backend import EventStream, GenerationBackend, cache_probe
 from engine.chunks.reuse import REUSE_MODES
-from engine.request import GenerationResult, StreamEvent
+from engine.request import GenerationResult
 from engine.sampling import SamplingParams
 from rag.config import RAGConfig
 from rag.ingestion.collection import DocumentInfo
 from rag.ingestion.loaders import LoadResult
 from rag.knowledge_base import KnowledgeBase
-from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler
+from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler, chat_question
+from rag.prompt.order import PrefixProbe
 from rag.prompt.public import public_prefix_length
+from rag.results import Answer, Grounded, PipelineEvent, Source, Timings, Usage
 from rag.types import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
 from rag.warming import WarmReport, warm_chunks
-
-
-class GenerationBackend(Protocol):
-    """What the pipeline needs from an engine: ``engine.Engine`` and ``engine.RemoteEngine`` fit."""
-
-    model_id: str
-    tokenizer: Any
-
-    def stream(
-        self,
-        prompt: Any,
-        params: SamplingParams | None = None,
-        *,
-        namespace: str = "",
-        reuse: Any = None,
-        chunk_spans: Sequence[tuple[int, int]] | None = None,
-    ) -> Iterator[StreamEvent]: ...
-
-
-@dataclass(frozen=True)
-class Source:
-    """A chunk the answer may cite: ``[n]`` in the text refers to ``sources[n - 1]``.
-
-    ``score`` is the cosine similarity of the question's and the chunk's embeddings, in [-1, 1] (higher
-    is closer): the same measure whatever retrieval mode, fusion or reranker picked the chunk and
-    however many candidates there were. Sources are listed in prompt order, not by score.
-    """
-
-    doc_id: str
-    chunk_id: str
-    score: float
-    text: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    collection: str = DEFAULT_COLLECTION
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Token counts. ``cached_tokens``: the exact prefix reused; ``stitched_tokens``: prompt tokens whose
-    KV came from cached chunks at other positions (``reuse="chunks"``), of which ``recomputed_tokens``
-    were computed again so the chunks see each other; ``reuse``: the mode that served the request;
-    ``stitch_deviation``: the engine's estimate of how far a stitched prompt was from exact, 0 to 1
-    (the share of the question's attention on chunk KV left stitched; None when nothing was)."""
-
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    stitched_tokens: int = 0
-    recomputed_tokens: int = 0
-    reuse: str = "prefix"
-    stitch_deviation: float | None = None
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-@dataclass(frozen=True)
-class Timings:
-    """Milliseconds (every field; the engine's ``GenerationResult`` reports seconds, ``*_s``).
-
-    ``ttft_ms``: from the question to the first answer token (retrieval included); ``prefill_ms``: the
-    engine's share of it (queue + prefill of the uncached suffix)."""
-
-    retrieve_ms: float
-    rerank_ms: float
-    ttft_ms: float
-    total_ms: float
-    assemble_ms: float = 0.0
-    prefill_ms: float = 0.0
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A grounded answer with its citations, token usage and where the time went."""
-
-    text: str
-    sources: list[Source]
-    usage: Usage
-    timings: Timings
-    finish_reason: str = "stop"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class PipelineEvent:
-    """One step of ``Pipeline.stream``: ``sources`` first, then ``delta`` text, then ``done`` (answer)."""
-
-    type: Literal["sources", "delta", "done"]
-    text: str = ""
-    sources: list[Source] | None = None
-    answer: Answer | None = None
 
 
 class Pipeline:
@@ -149,7 +56,6 @@ class Pipeline:
         self.kb = knowledge_base or KnowledgeBase(self.config)
         self._engine = engine
         self._assembler: PromptAssembler | None = None
-        self._engine_shares: bool | None = None  # whether the engine takes public_prefix
         self._lock = threading.Lock()
 
     @classmethod
@@ -183,16 +89,7 @@ class Pipeline:
         with self._lock:
             if self._assembler is None:
                 engine = self._engine_unlocked()
-                cfg = self.config
-                self._assembler = PromptAssembler(
-                    engine.tokenizer,
-                    system_prompt=cfg.system_prompt,
-                    tools=cfg.tools,
-                    pinned_context=cfg.pinned_context,
-                    order=cfg.chunk_order,
-                    max_context_tokens=getattr(engine, "max_context", None),
-                    max_tokens=cfg.max_tokens,
-                )
+                self._assembler = build_assembler(self.config, engine.tokenizer, engine.max_context)
             return self._assembler
 
     def _engine_unlocked(self) -> GenerationBackend:
@@ -296,6 +193,57 @@ class Pipeline:
         """Segment-wise tokenized chat (turn N's ids prefix turn N+1's, so multi-turn chats hit)."""
         return self.assembler.assemble_messages(messages)
 
+    def ground(
+        self,
+        question: str,
+        top_k: int | None = None,
+        namespace: str = "",
+        *,
+        collections: Iterable[str] | None = None,
+    ) -> Grounded:
+        """Everything before generation: retrieve for ``question`` from ``collections`` (default: all),
+        assemble its prompt in ``namespace``'s chunk order, score its sources. ``stream_grounded``
+        generates from it."""
+        top_k, selected = self._checked(question, top_k, collections)
+        return self._ground_question(question, top_k, namespace, selected)
+
+    def ground_chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        top_k: int | None = None,
+        namespace: str = "",
+        *,
+        collections: Iterable[str] | None = None,
+    ) -> Grounded:
+        """``ground`` for a chat: its last user message is the question that retrieves, and the prompt
+        is the chat with the chunks and that question in its last user message
+        (``PromptAssembler.assemble_chat``: the layout, budget, chunk order and sources of ``ground``)."""
+        started = time.perf_counter()
+        question = chat_question(messages)
+        top_k, selected = self._checked(question, top_k, collections)
+
+        def assemble(hits: list[ScoredChunk], probe: PrefixProbe | None) -> Prompt:
+            return self.assembler.assemble_chat(messages, hits, prefix_probe=probe)
+
+        return self._ground(question, top_k, namespace, selected, assemble, started)
+
+    def stream_grounded(
+        self, grounded: Grounded, params: SamplingParams | None = None, *, reuse: str | None = None
+    ) -> EventStream:
+        """The engine's stream for a grounded prompt, in the namespace it was grounded for (its chunk
+        spans for ``reuse="chunks"``, its public prefix where sharing is on). ``close()`` cancels."""
+        if reuse not in (None, *REUSE_MODES):
+            raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, got {reuse!r}")
+        prompt = grounded.prompt
+        return self.engine.stream(
+            prompt.token_ids,
+            params or self.config.sampling_params(),
+            namespace=grounded.namespace,
+            public_prefix=self._public_tokens(prompt),
+            reuse=reuse,
+            chunk_spans=prompt.chunk_spans,
+        )
+
     def ask(
         self,
         question: str,
@@ -328,84 +276,86 @@ class Pipeline:
         reuse: str | None = None,
     ) -> Iterator[PipelineEvent]:
         """Yield the sources, then text deltas, then the full Answer. Closing early cancels generation.
-        Retrieval reads only ``collections`` (default: all).
+        Retrieval reads only ``collections`` (default: all) and starts with the first ``next()``.
 
         ``params`` default to ``config.sampling_params()``; derive others from it
         (``config.sampling_params(max_tokens=...)``) to keep the pipeline's other settings.
         """
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"question must be a non-empty string, got {question!r}")
-        top_k = self.config.resolve_top_k(top_k)
+        top_k, selected = self._checked(question, top_k, collections)
         if reuse not in (None, *REUSE_MODES):
             raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, got {reuse!r}")
-        selected = None if collections is None else _names(collections)
-        return self._stream(
-            question, top_k, namespace, params or self.config.sampling_params(), selected, reuse
+        return self._answer(
+            lambda: self._ground_question(question, top_k, namespace, selected), params, reuse
         )
 
-    def _stream(
+    def _answer(
+        self, ground: Callable[[], Grounded], params: SamplingParams | None, reuse: str | None
+    ) -> Iterator[PipelineEvent]:
+        grounded = ground()
+        yield PipelineEvent("sources", sources=grounded.sources)
+        result: GenerationResult | None = None
+        first_token_ms = 0.0
+        stream = self.stream_grounded(grounded, params, reuse=reuse)
+        try:
+            for event in stream:
+                if event.ttft_s is not None:
+                    first_token_ms = 1000 * (time.perf_counter() - grounded.started)
+                if event.text:
+                    yield PipelineEvent("delta", text=event.text)
+                result = event.result or result
+        finally:
+            stream.close()  # cancels generation if our consumer went away
+        assert result is not None
+        timings = Timings(
+            retrieve_ms=grounded.retrieve_ms,
+            rerank_ms=grounded.rerank_ms,
+            ttft_ms=first_token_ms,
+            total_ms=1000 * (time.perf_counter() - grounded.started),
+            assemble_ms=grounded.assemble_ms,
+            prefill_ms=1000 * result.ttft_s,
+        )
+        answer = Answer(result.text, grounded.sources, Usage.of(result), timings, result.finish_reason)
+        yield PipelineEvent("done", answer=answer)
+
+    def _checked(
+        self, question: str, top_k: int | None, collections: Iterable[str] | None
+    ) -> tuple[int, list[str] | None]:
+        """A question's arguments validated: its ``top_k`` (the config's for None) and collections."""
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"question must be a non-empty string, got {question!r}")
+        return self.config.resolve_top_k(top_k), None if collections is None else _names(collections)
+
+    def _ground_question(
+        self, question: str, top_k: int, namespace: str, collections: list[str] | None
+    ) -> Grounded:
+        started = time.perf_counter()
+
+        def assemble(hits: list[ScoredChunk], probe: PrefixProbe | None) -> Prompt:
+            return self.assembler.assemble(question, hits, prefix_probe=probe)
+
+        return self._ground(question, top_k, namespace, collections, assemble, started)
+
+    def _ground(
         self,
         question: str,
         top_k: int,
         namespace: str,
-        params: SamplingParams,
         collections: list[str] | None,
-        reuse: str | None,
-    ) -> Iterator[PipelineEvent]:
-        t0 = time.perf_counter()
+        assemble: Callable[[list[ScoredChunk], PrefixProbe | None], Prompt],
+        started: float,
+    ) -> Grounded:
+        """Retrieve (timed), ``assemble`` the hits in ``namespace``'s chunk order (timed), score the
+        sources of the chunks the prompt holds."""
         if self.kb.count(collections):
             found = self.kb.search_timed(question, top_k, collections=collections)
             hits, retrieve_ms, rerank_ms = found.hits, found.retrieve_ms, found.rerank_ms
         else:
             hits, retrieve_ms, rerank_ms = [], 0.0, 0.0
-        t1 = time.perf_counter()
-        prompt = self.assemble(question, hits, namespace)
-        assemble_ms = 1000 * (time.perf_counter() - t1)
+        clock = time.perf_counter()
+        prompt = assemble(hits, self._probe(namespace))
+        assemble_ms = 1000 * (time.perf_counter() - clock)
         sources = self._sources(question, prompt.chunks, collections)
-        yield PipelineEvent("sources", sources=sources)
-        result: GenerationResult | None = None
-        first_token_ms = 0.0
-        public = self._public_tokens(prompt)
-        shared = {"public_prefix": public} if public else {}
-        stream = self.engine.stream(
-            prompt.token_ids,
-            params,
-            namespace=namespace,
-            reuse=reuse,
-            chunk_spans=prompt.chunk_spans,
-            **shared,
-        )
-        try:
-            for event in stream:
-                if event.ttft_s is not None:
-                    first_token_ms = 1000 * (time.perf_counter() - t0)
-                if event.text:
-                    yield PipelineEvent("delta", text=event.text)
-                result = event.result or result
-        finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()  # cancels generation if our consumer went away
-        assert result is not None
-        timings = Timings(
-            retrieve_ms=retrieve_ms,
-            rerank_ms=rerank_ms,
-            ttft_ms=first_token_ms,
-            total_ms=1000 * (time.perf_counter() - t0),
-            assemble_ms=assemble_ms,
-            prefill_ms=1000 * result.ttft_s,
-        )
-        usage = Usage(
-            result.prompt_tokens,
-            result.cached_tokens,
-            result.completion_tokens,
-            result.stitched_tokens,
-            result.recomputed_tokens,
-            result.reuse,
-            result.stitch_deviation,
-        )
-        answer = Answer(result.text, sources, usage, timings, result.finish_reason)
-        yield PipelineEvent("done", answer=answer)
+        return Grounded(prompt, sources, namespace, started, retrieve_ms, rerank_ms, assemble_ms)
 
     def _sources(
         self, question: str, chunks: Sequence[ChunkLike], collections: list[str] | None
@@ -414,27 +364,40 @@ class Pipeline:
         similarity = self.kb.similarity(question, ids, collections=collections) if chunks else {}
         return [_source(c, similarity.get(c.chunk_id, 0.0)) for c in chunks]
 
-    def _probe(self, namespace: str) -> Any:
-        probe = getattr(self.engine, "cached_prefix_length", None)
-        if probe is None:
+    def _probe(self, namespace: str) -> PrefixProbe | None:
+        """What the engine's cache holds of a candidate prompt, for the ``cache`` chunk order (None: the
+        engine cannot say)."""
+        cache = cache_probe(self.engine)
+        if cache is None:
             return None
         if self._shares_public():
-            return lambda ids: max(probe(ids, namespace), probe(ids, public=True))
-        return lambda ids: probe(ids, namespace)
+            return lambda ids: max(
+                cache.cached_prefix_length(ids, namespace), cache.cached_prefix_length(ids, public=True)
+            )
+        return lambda ids: cache.cached_prefix_length(ids, namespace)
 
     def _shares_public(self) -> bool:
         """Public-prefix sharing is configured and the engine implements it."""
-        if not self.config.public_collections:
-            return False
-        if self._engine_shares is None:
-            self._engine_shares = "public_prefix" in inspect.signature(self.engine.stream).parameters
-        return self._engine_shares
+        return bool(self.config.public_collections) and self.engine.capabilities.public_prefix
 
     def _public_tokens(self, prompt: Prompt) -> int:
         """Leading tokens of ``prompt`` the engine may share across tenants (0: none)."""
         if not self._shares_public():
             return 0
         return public_prefix_length(prompt, set(self.config.public_collections))
+
+
+def build_assembler(config: RAGConfig, tokenizer: Any, max_context: int | None) -> PromptAssembler:
+    """The prompt assembler ``config`` describes, for a model with this tokenizer and context."""
+    return PromptAssembler(
+        tokenizer,
+        system_prompt=config.system_prompt,
+        tools=config.tools,
+        pinned_context=config.pinned_context,
+        order=config.chunk_order,
+        max_context_tokens=max_context,
+        max_tokens=config.max_tokens,
+    )
 
 
 def _source(chunk: Any, score: float) -> Source:

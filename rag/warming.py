@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.backend import GenerationBackend, cache_probe, local_cache
 from engine.sampling import SamplingParams
 from rag.prompt.assembler import PromptAssembler
 from rag.prompt.order import ChunkLike
@@ -59,7 +60,7 @@ class WarmReport:
 
 
 def warm_chunks(
-    engine: Any,
+    engine: GenerationBackend,
     assembler: PromptAssembler,
     chunks: Sequence[ChunkLike],
     namespace: str = "",
@@ -68,12 +69,12 @@ def warm_chunks(
     cancel: threading.Event | None = None,
     progress: Progress | None = None,
 ) -> WarmReport:
-    """Prefill each chunk's placement into ``engine``'s cache (``engine.generate``; a local Engine also
-    answers ``cached_prefix_length`` and ``free_cache_tokens``, which make it resumable and bounded)."""
+    """Prefill each chunk's placement into ``engine``'s cache (``engine.generate``). A backend with
+    ``capabilities.prefix_probe`` (a local Engine) makes it resumable and bounded by the cache budget;
+    with ``local_cache`` it returns once the tiers under RAM hold the placements too."""
     report = WarmReport(chunks=len(chunks))
     started = time.perf_counter()
-    probe = getattr(engine, "cached_prefix_length", None)
-    room = getattr(engine, "free_cache_tokens", None)
+    probe = cache_probe(engine)
     one_token = SamplingParams(max_tokens=1)
     with _bar(show_progress, len(chunks)) as advance:
         for n, chunk in enumerate(chunks):
@@ -81,10 +82,10 @@ def warm_chunks(
                 report.cancelled = True
                 break
             ids = assembler.placement(chunk)
-            cached = int(probe(ids, namespace)) if probe is not None else 0
+            cached = probe.cached_prefix_length(ids, namespace) if probe is not None else 0
             if cached >= len(ids):
                 report.already_cached += 1
-            elif report.not_fitted or (room is not None and room() < len(ids) - cached):
+            elif report.not_fitted or (probe is not None and probe.free_cache_tokens() < len(ids) - cached):
                 report.not_fitted.append(str(chunk.chunk_id))  # the budget is full: no evicting
             else:
                 engine.generate(ids, one_token, namespace=namespace, reuse="prefix")
@@ -93,9 +94,9 @@ def warm_chunks(
             advance()
             if progress is not None:
                 progress(n + 1, len(chunks))
-    disk = getattr(engine, "disk", None)
-    if disk is not None:  # the placements are on disk (for a restart, for replicas) before this returns
-        disk.flush()
+    cache = local_cache(engine)
+    if cache is not None:  # the placements are on disk (for a restart, for replicas) before this returns
+        cache.flush_tiers()
     report.seconds = time.perf_counter() - started
     return report
 

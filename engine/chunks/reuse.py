@@ -19,7 +19,10 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+if TYPE_CHECKING:
+    from engine.runners import Runner
 
 ReuseMode = Literal["prefix", "chunks"]
 # each name is a selector in engine.chunks.selection's registry (a test holds the two in step)
@@ -102,15 +105,16 @@ def resolve_reuse(requested: str | ChunkReuse | None, default: ChunkReuse | None
     raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)} or a ChunkReuse, got {requested!r}")
 
 
-def chunks_unsupported_reason(runner: Any, caching: bool) -> str | None:
+def chunks_unsupported_reason(runner: Runner, caching: bool) -> str | None:
     """Why ``chunks`` mode cannot run on this engine (None: it can)."""
-    from engine.fused import FusedLlamaRunner
-
     if not caching:
         return "prefix caching is off (nothing to reuse)"
-    if not isinstance(runner, FusedLlamaRunner):
-        return "chunk stitching needs the fused Llama-family runner"
-    rotary = runner.rotary
+    return runner.capabilities.stitch_blocker
+
+
+def rotation_blocker(rotary: Any) -> str | None:
+    """Why re-rotating a cached key with this rotary embedding would not equal computing it at the new
+    position (None: RoPE is a plain rotation, so chunk stitching can move keys)."""
     rope_type = getattr(rotary, "rope_type", None)
     if rope_type not in ROTATABLE_ROPE:
         return f"rope type {rope_type!r} is not a plain rotation (allowed: {sorted(ROTATABLE_ROPE)})"

@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -89,8 +88,8 @@ def int8_backend() -> Int8Backend | None:
     for backend in ("onednn", "fbgemm"):
         if forced and backend != forced:
             continue
-        if _available(backend) and _exact(backend):
-            return backend  # type: ignore[return-value]
+        if backend_available(backend) and backend_is_exact(backend):
+            return backend
     return None
 
 
@@ -105,14 +104,14 @@ def _why_unsupported() -> str:
     )
 
 
-def _available(backend: str) -> bool:
+def backend_available(backend: str) -> bool:
     if backend == "onednn":
         return hasattr(torch, "_int_mm")
     engines = torch.backends.quantized.supported_engines
     return "fbgemm" in engines or "x86" in engines
 
 
-def _exact(backend: Int8Backend) -> bool:
+def backend_is_exact(backend: Int8Backend) -> bool:
     """Whether ``backend`` multiplies seeded and worst-case int8 operands exactly at every probe shape."""
     gen = torch.Generator().manual_seed(0)
     levels = ONEDNN_LEVELS if backend == "onednn" else FBGEMM_LEVELS
@@ -128,10 +127,10 @@ def _exact(backend: Int8Backend) -> bool:
             torch.full((rows, inp), levels, dtype=torch.int8),
         ]
         for q in weights:
-            w = _pack(backend, q, torch.ones(out))
+            w = pack_for(backend, q, torch.ones(out))
             for a in acts:
                 reference = a.double() @ q.double().T  # integer partial sums < 2**53: exact in any order
-                got = _integer_matmul(backend, a, w).double()
+                got = integer_matmul(backend, a, w).double()
                 if not torch.equal(got, reference):
                     return False
     return True
@@ -161,10 +160,10 @@ def pack_int8(q: torch.Tensor, scales: torch.Tensor) -> Int8Weight:
             f"expected int8 [out, in] (or [2 out, in]) and [out] scales, got {q.dtype} {tuple(q.shape)} "
             f"/ {tuple(scales.shape)}"
         )
-    return _pack(backend, q, scales)
+    return pack_for(backend, q, scales)
 
 
-def _pack(backend: Int8Backend, q: torch.Tensor, scales: torch.Tensor) -> Int8Weight:
+def pack_for(backend: Int8Backend, q: torch.Tensor, scales: torch.Tensor) -> Int8Weight:
     out, inp = int(scales.shape[0]), int(q.shape[1])
     residual = q.shape[0] == 2 * out
     scales = scales.float().contiguous()
@@ -195,7 +194,7 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None =
     steps = rows / peak * levels  # in [-levels, levels]: one fixed quantization step serves every row
     hi = torch.round(steps)
     lo = torch.round((steps - hi) * (2 * levels))  # the residual, |.| <= levels
-    acc = _integer_matmul(weight.backend, torch.cat([hi, lo]).to(torch.int8), weight).double()  # [2M, N']
+    acc = integer_matmul(weight.backend, torch.cat([hi, lo]).to(torch.int8), weight).double()  # [2M, N']
     digit = 1.0 / (2 * levels)
     total = acc[:m, :n] + acc[m:, :n] * digit
     if weight.residual:  # the weight's residual digit times the activation's first (lo x lo is below both)
@@ -206,7 +205,7 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None =
     return out.view(*x.shape[:-1], weight.out_features)
 
 
-def _integer_matmul(backend: Int8Backend, acts: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
+def integer_matmul(backend: Int8Backend, acts: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     """int8 ``acts [M, in]`` times the weight's int8 rows ``[N', in]``: the exact integer sums ``[M, N']``."""
     if backend == "onednn":
         assert weight.q is not None

@@ -9,7 +9,7 @@ released its cache lock, so a client that goes away never leaves a locked prefix
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from contextlib import suppress
 from typing import Any, TypeVar, cast
 
@@ -23,9 +23,10 @@ _END = object()
 
 
 async def iterate_in_thread(
-    it: Iterator[T], limiter: anyio.CapacityLimiter | None = None
+    it: Iterator[T], limiter: anyio.CapacityLimiter | None = None, *, taken: Iterable[T] = ()
 ) -> AsyncGenerator[T, None]:
-    """Yield the items of a blocking iterator; always close it, also on cancellation.
+    """Yield the items of a blocking iterator (after ``taken``, items already read from it); always
+    close it, also on cancellation.
 
     Use it under ``contextlib.aclosing`` (or let a ``ClosingStreamingResponse`` consume it) so the
     cleanup runs as soon as the consumer stops, not when the generator is garbage-collected.
@@ -36,6 +37,8 @@ async def iterate_in_thread(
         ...         print(event.text, end="")
     """
     try:
+        for early in taken:
+            yield early
         while True:
             item = await anyio.to_thread.run_sync(next, it, _END, limiter=limiter)
             if item is _END:
@@ -43,10 +46,11 @@ async def iterate_in_thread(
             yield cast(T, item)
     finally:
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(_close, it, limiter=limiter)
+            await anyio.to_thread.run_sync(close_quietly, it, limiter=limiter)
 
 
-def _close(it: Iterator[Any]) -> None:
+def close_quietly(it: Iterator[Any]) -> None:
+    """Close a blocking iterator that can be closed (cleanup: an error closing it is not the caller's)."""
     # An engine RequestStream cancels on close() whether or not it has started (a queued request
     # is dropped without waiting for its prefill); a Pipeline stream submits nothing before it runs.
     close = getattr(it, "close", None)

@@ -1,61 +1,59 @@
 """Chat completions grounded on the caller's documents: the ``rag`` / ``collections`` extension.
 
-The last user message is the query; the chunks it retrieves (only from the collections the caller may
-read, or the readable ones it names) are laid out in that message the way /v1/ask lays them out,
-``[n] (source: doc)`` passages then ``Question: ...``, and the pipeline's system prompt (which asks for
-``[n]`` citations) opens the chat unless the chat brings its own. Earlier turns stay as they were, so
-a conversation's prefix still hits the cache.
+The last user message is the query. The pipeline grounds the chat as it grounds a /v1/ask question
+(``Pipeline.ground_chat``): the chunks it retrieves (only from the collections the caller may read, or
+the readable ones it names) go into that message in the assembler's layout, cache-aware order and
+budget, before ``Question: ...``; a chat without a system message of its own opens with the pipeline's
+stable prefix (its system prompt asks for ``[n]`` citations), so a one-message chat reads exactly the
+prompt /v1/ask reads. Earlier turns are tokenized one by one, so a conversation's prefix still hits
+the cache. The sources are scored as /v1/ask scores them (question-chunk cosine similarity).
 
 Example:
-    >>> messages, sources = await grounded_chat(services, messages, scope=["alice", "shared"])  # doctest: +SKIP
-    >>> messages[-1]["content"][:40], sources[0].doc_id                                        # doctest: +SKIP
-    ('[1] (source: notes.md)\\nThe launch code is', 'notes.md')
+    >>> chat = GroundedChat(pipeline, messages, params, namespace="alice", scope=["alice", "shared"])  # doctest: +SKIP
+    >>> gen = await Generation.start(services, "chat", chat, ENGINE, param="messages")                 # doctest: +SKIP
+    >>> chat.sources[0].doc_id                                                                         # doctest: +SKIP
+    'notes.md'
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-import anyio
-
-from rag.api.errors import InvalidRequest
+from engine.backend import EventStream
+from engine.sampling import SamplingParams
 from rag.api.schemas.rag import SourceOut
-from rag.api.services import Services
-from rag.prompt.assembler import QUESTION_TEMPLATE, SEPARATOR, chunk_body
+from rag.pipeline import Pipeline
+from rag.results import Grounded
 
 
-async def grounded_chat(
-    services: Services, messages: list[dict[str, str]], scope: list[str] | None
-) -> tuple[list[dict[str, str]], list[SourceOut]]:
-    """The chat with retrieved passages in its last user message, and those passages as sources."""
-    last = _last_user(messages)
-    question = messages[last]["content"]
-    if not question.strip():
-        raise InvalidRequest("the last user message is empty: nothing to retrieve for", "messages")
-    pipeline = services.ready_pipeline()
-    hits = await anyio.to_thread.run_sync(
-        lambda: pipeline.retrieve(question, collections=scope), limiter=services.limiter
-    )
-    grounded = [dict(m) for m in messages]
-    grounded[last]["content"] = with_passages(question, hits)
-    if not any(m["role"] == "system" for m in grounded):
-        grounded.insert(0, {"role": "system", "content": pipeline.config.system_prompt})
-    sources = [
-        SourceOut(doc_id=h.doc_id, chunk_id=h.chunk_id, score=h.score, text=h.text, collection=h.collection)
-        for h in hits
-    ]
-    return grounded, sources
+class GroundedChat:
+    """Opens a grounded chat's engine stream (called in the runner's worker thread: retrieval runs
+    under the request's admission) and keeps what grounded it."""
 
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        messages: Sequence[Mapping[str, str]],
+        params: SamplingParams,
+        *,
+        namespace: str,
+        scope: list[str] | None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.messages = messages
+        self.params = params
+        self.namespace = namespace
+        self.scope = scope
+        self.grounded: Grounded | None = None
 
-def with_passages(question: str, hits: Sequence[Any]) -> str:
-    """``[1] (source: a)\\n...`` passages, then the question (the question alone when nothing matched)."""
-    passages = [f"[{n}]{chunk_body(hit)}" for n, hit in enumerate(hits, start=1)]
-    return SEPARATOR.join([*passages, QUESTION_TEMPLATE.format(question=question.strip())])
+    def __call__(self) -> EventStream:
+        self.grounded = self.pipeline.ground_chat(
+            self.messages, namespace=self.namespace, collections=self.scope
+        )
+        return self.pipeline.stream_grounded(self.grounded, self.params)
 
-
-def _last_user(messages: list[dict[str, str]]) -> int:
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i]["role"] == "user":
-            return i
-    raise InvalidRequest("retrieval needs a user message to search for", "messages")
+    @property
+    def sources(self) -> list[SourceOut]:
+        """The passages the reply is grounded on ([n] cites the n-th), once the stream is open."""
+        assert self.grounded is not None, "the chat is grounded when its stream opens"
+        return [SourceOut.of(s) for s in self.grounded.sources]

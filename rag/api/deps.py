@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from engine.backend import GenerationBackend
 from rag.api.access import Access, access_for
 from rag.api.auth import ANONYMOUS, Principal, bearer_token
 from rag.api.errors import api_error
@@ -55,7 +56,7 @@ def current_access(
     return access_for(principal, settings)
 
 
-def ready_engine(services: Annotated[Services, Depends(get_services)]) -> Any:
+def ready_engine(services: Annotated[Services, Depends(get_services)]) -> GenerationBackend:
     return services.ready_engine()
 
 
@@ -64,4 +65,4 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 PrincipalDep = Annotated[Principal, Depends(current_principal)]
 AdminDep = Annotated[Principal, Depends(require_admin)]
 AccessDep = Annotated[Access, Depends(current_access)]
-EngineDep = Annotated[Any, Depends(ready_engine)]
+EngineDep = Annotated[GenerationBackend, Depends(ready_engine)]

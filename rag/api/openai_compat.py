@@ -84,13 +84,19 @@ def completion_prompt(req: CompletionRequest) -> str | list[int]:
 
 
 def sampling_params(
-    req: SamplingFields, settings: Settings, *, max_tokens: int | None, default_max_tokens: int
+    req: SamplingFields,
+    settings: Settings,
+    *,
+    max_tokens: int | None,
+    default_max_tokens: int,
+    also_checked: int | None = None,
 ) -> SamplingParams:
-    """OpenAI fields -> SamplingParams. OpenAI's defaults: temperature 1, top_p 1."""
-    limit = settings.max_tokens_limit
+    """OpenAI fields -> SamplingParams. OpenAI's defaults: temperature 1, top_p 1. A ``max_tokens`` (or
+    ``also_checked``) over the server's limit is a 400, as OpenAI answers one over the model's."""
     wanted = max_tokens if max_tokens is not None else default_max_tokens
-    if wanted > limit:
-        raise InvalidRequest(f"max_tokens={wanted} exceeds this server's limit of {limit}", "max_tokens")
+    too_large = settings.max_tokens_problem(wanted, also_checked)
+    if too_large:
+        raise InvalidRequest(too_large, "max_tokens")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > 16 or any(not s for s in stop):
         raise InvalidRequest("stop must be up to 16 non-empty strings", "stop")

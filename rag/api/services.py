@@ -16,6 +16,7 @@ from typing import Any, Literal
 import anyio
 
 from engine import Engine
+from engine.backend import GenerationBackend
 from rag.api.auth import KeyRing
 from rag.api.errors import ServiceUnavailable
 from rag.api.limits import Admission
@@ -42,10 +43,10 @@ class Services:
         self,
         settings: Settings,
         *,
-        engine: Any = None,
-        pipeline: Any = None,
-        engine_factory: Callable[[], Any] | None = None,
-        pipeline_factory: Callable[[Any], Any] | None = None,
+        engine: GenerationBackend | None = None,
+        pipeline: Pipeline | None = None,
+        engine_factory: Callable[[], GenerationBackend] | None = None,
+        pipeline_factory: Callable[[GenerationBackend], Pipeline] | None = None,
     ) -> None:
         self.settings = settings
         self.started_at = int(time.time())
@@ -55,9 +56,11 @@ class Services:
             admin_tenant=settings.admin_tenant,
         )
         self.pipeline = pipeline
-        self.engine = engine if engine is not None else getattr(pipeline, "engine", None)
+        self.engine = engine if engine is not None or pipeline is None else pipeline.engine
         self._owns_engine = self.engine is None
-        self._engine_factory = engine_factory or (lambda: Engine.from_config(settings.engine))
+        self._engine_factory: Callable[[], GenerationBackend] = engine_factory or (
+            lambda: Engine.from_config(settings.engine)
+        )
         self._pipeline_factory = pipeline_factory or (lambda engine: build_pipeline(settings, engine))
         self.admission = Admission(settings.max_inflight, retry_after_s=settings.retry_after_s)
         self.metrics = Metrics(engine_stats=self._engine_stats)
@@ -106,13 +109,13 @@ class Services:
             if self.pipeline is None:
                 self.pipeline = self._pipeline_factory(self.engine)
             self._loaded.set()
-            log.info("ready: %s", getattr(self.engine, "model_id", "?"))
+            log.info("ready: %s", self.engine.model_id)
         except Exception as exc:  # reported by /readyz; requests get 503
             log.exception("loading failed")
             self.error = f"{type(exc).__name__}: {exc}"
 
     # ---- accessors routers use ----------------------------------------------------------------
-    def ready_engine(self) -> Any:
+    def ready_engine(self) -> GenerationBackend:
         """The engine, once loaded (an injected one at once; the pipeline may still be loading)."""
         engine = self.engine
         if engine is not None:
@@ -121,7 +124,7 @@ class Services:
             raise ServiceUnavailable(f"the model failed to load: {self.error}", retry_after_s=None)
         raise ServiceUnavailable("the model is still loading; retry shortly")
 
-    def ready_pipeline(self) -> Any:
+    def ready_pipeline(self) -> Pipeline:
         pipeline = self.pipeline
         if pipeline is not None:
             return pipeline
@@ -143,10 +146,10 @@ class Services:
 
     def _chat_assembler(self) -> Any:
         if self._assembler is None:
-            assemble = getattr(self.pipeline, "assemble_messages", None)
-            if assemble is None:
-                assemble = _engine_assembler(self.engine)
-            self._assembler = assemble or False
+            if self.pipeline is not None:
+                self._assembler = self.pipeline.assemble_messages
+            else:
+                self._assembler = _engine_assembler(self.ready_engine()) or False
         return self._assembler or None
 
     def model_names(self) -> list[str]:
@@ -161,7 +164,7 @@ class Services:
         return stats
 
 
-def build_pipeline(settings: Settings, engine: Any) -> Pipeline:
+def build_pipeline(settings: Settings, engine: GenerationBackend) -> Pipeline:
     """The pipeline for ``settings.rag`` over ``engine``; opens the index saved in ``settings.index_dir``
     when there is one (else starts empty and saves there on the first change). With
     ``settings.warm_up`` the embedder and tokenizer load now rather than on the first question. With
@@ -177,13 +180,13 @@ def build_pipeline(settings: Settings, engine: Any) -> Pipeline:
     return pipeline
 
 
-def _engine_assembler(engine: Any) -> Any:
+def _engine_assembler(engine: GenerationBackend) -> Any:
     """``PromptAssembler.assemble_messages`` over the engine's tokenizer, or None if it cannot apply."""
-    tokenizer = getattr(engine, "tokenizer", None)
+    tokenizer = engine.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None
     try:
-        assembler = PromptAssembler(tokenizer, max_context_tokens=int(engine.max_context), max_tokens=1)
+        assembler = PromptAssembler(tokenizer, max_context_tokens=engine.max_context, max_tokens=1)
     except ValueError as exc:
         log.info("chat prompts use the engine's chat template: %s", exc)
         return None

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.config import EngineConfig
 from engine.paths import kv_cache_dir
+from engine.sampling import DEFAULT_MAX_TOKENS
 from rag.config import RAGConfig
 from rag.types import NAME_PATTERN, check_collection
 
@@ -108,8 +109,15 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After seconds on a 429 from the API cap")
     max_question_chars: int = Field(default=4000, ge=1)
     max_top_k: int = Field(default=20, ge=1)
-    default_max_tokens: int = Field(default=256, ge=1, description="when a request names no max_tokens")
-    max_tokens_limit: int = Field(default=2048, ge=1, description="larger max_tokens get 400")
+    default_max_tokens: int = Field(
+        default=DEFAULT_MAX_TOKENS, ge=1, description="when a request names no max_tokens"
+    )
+    max_tokens_limit: int = Field(
+        default=2048,
+        ge=1,
+        description="larger max_tokens are refused: 400 on the OpenAI routes (OpenAI's answer), 422 on "
+        "/v1/ask (a body field outside its published bounds, FastAPI's answer)",
+    )
     max_messages: int = Field(default=256, ge=1)
     max_documents_per_request: int = Field(default=1000, ge=1)
 
@@ -204,6 +212,18 @@ class Settings(BaseSettings):
         return self.model_copy(
             update={"engine": engine.model_copy(update={"disk_cache_dir": kv_cache_dir()})}
         )
+
+    def max_tokens_problem(self, *requested: int | None) -> str | None:
+        """Why a request's ``max_tokens`` is refused (None: every value given is within
+        ``max_tokens_limit``). The routes answer it with their own status (see ``max_tokens_limit``).
+
+        >>> Settings(max_tokens_limit=64, default_max_tokens=8).max_tokens_problem(None, 65)
+        "max_tokens=65 exceeds this server's limit of 64"
+        """
+        for value in requested:
+            if value is not None and value > self.max_tokens_limit:
+                return f"max_tokens={value} exceeds this server's limit of {self.max_tokens_limit}"
+        return None
 
     @property
     def auth_enabled(self) -> bool:

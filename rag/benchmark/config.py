@@ -91,6 +91,14 @@ class BenchConfig(BaseModel):
     radix_requests: int = Field(default=2000, ge=10)
     radix_levels: tuple[int, ...] = (10_000, 100_000)
     retrieval_section: bool = True
+    exactness_section: bool = Field(
+        default=True,
+        description="the CPU's code paths, the engine's exact_reuse verdict on each, the tiles' cost",
+    )
+    exactness_all_paths: bool = Field(
+        default=True, description="also the narrower code paths the CPU can emulate"
+    )
+    exactness_repeats: int = Field(default=3, ge=1)
     retrieval_split: Literal["tune", "heldout"] = Field(
         default="heldout", description="eval-set split the retrieval section reports"
     )
@@ -195,6 +203,8 @@ class BenchConfig(BaseModel):
             "kv_break_even_lengths": (64, 256),
             "kv_zero_hit_requests": 2,
             "retrieval_section": False,
+            "exactness_all_paths": False,
+            "exactness_repeats": 1,
             "retrieval_variants": False,
             "retrieval_rerankers": False,
             "retrieval_scale_chunks": 20_000,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from rag.benchmark.workload import BenchRequest
-from rag.prompt.assembler import Prompt
+from rag.prompt.assembler import CHUNK_SEGMENT, Prompt
 from rag.prompt.template import ChatLayout
 from rag.types import ScoredChunk
 
@@ -45,7 +45,7 @@ class PromptBuilder:
         if request.turn == 0:
             prompt = self.assemble(request.question, request.hits, request.tenant)
             ids = list(prompt.token_ids)
-            chunks = [s.end for s in prompt.segments if s.name.startswith("chunk:")]
+            chunks = [s.end for s in prompt.segments if s.name.startswith(CHUNK_SEGMENT)]
             self.last_boundary = chunks[0] if chunks else len(ids)  # the first retrieved chunk, whole
         else:
             previous = self._history.get(request.conversation)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.benchmark.chunks_report import chunks_markdown
+from rag.benchmark.exactness_report import exactness_markdown
 from rag.benchmark.measure import OFF, TRANSFORMERS
 from rag.benchmark.plots import PLOTS, draw_all
 from rag.benchmark.quality_report import quality_markdown
@@ -138,6 +139,7 @@ def render_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         _radix_section(results),
         _kv_section(results),
         retrieval_section(results),
+        exactness_markdown(results),
         _method(results),
     ]
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"

@@ -23,6 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from engine.isa import code_paths
 from engine.models import LoadedModel, kv_bytes_per_token, load_model
 from rag.benchmark.baselines import llama_cpp_status
 from rag.benchmark.config import BenchConfig
@@ -122,6 +123,7 @@ def run_benchmark(
         radix_section = _radix_section(config, clock, step, bpt)
         kv_section = _kv_section(config, clock, step, loaded, sweep.working_set_bytes[config.skew] // bpt)
         retrieval_section = _retrieval_section(config, clock, step, kb)
+        exactness_section = _exactness_section(config, clock, step, loaded)
     results = assemble_results(
         config, workloads, sweep, runs, tpot, kb, sim, bpt, (llama_ok, llama_note), steady
     )
@@ -132,6 +134,7 @@ def run_benchmark(
     results["radix_section"] = radix_section
     results["kv_section"] = kv_section
     results["retrieval_section"] = retrieval_section
+    results["exactness_section"] = exactness_section
     results["meta"] = _meta(command, time.perf_counter() - started)
     results["meta"]["cpu_s"] = time.process_time() - cpu_started  # all threads: the work, load aside
     results["meta"]["load_average"] = {"mean": sum(load) / max(len(load), 1), "max": max(load, default=0.0)}
@@ -380,6 +383,24 @@ def _retrieval_section(
     return {"methods": methods, "scale": scale}
 
 
+def _exactness_section(
+    config: BenchConfig, clock: _Clock, step: Step, loaded: LoadedModel
+) -> dict[str, Any] | None:
+    if not config.exactness_section:
+        return None
+    from rag.benchmark.exactness_bench import run_exactness_bench
+
+    with clock("exactness section"):
+        out = run_exactness_bench(
+            loaded,
+            repeats=config.exactness_repeats,
+            context_tokens=config.engine_context_tokens,
+            all_paths=config.exactness_all_paths,
+            progress=lambda msg: step(f"exactness section: {msg}"),
+        )
+    return out
+
+
 def _steady_replay(config: BenchConfig, kb: KnowledgeBase, sim: Simulator) -> ReplayResult | None:
     """The measured stream continued to ``steady_factor`` times its length (the stream is seeded, so
     its first requests are the measured ones), replayed through an unbounded cache in ``cache`` order."""
@@ -419,7 +440,8 @@ def _total_steps(config: BenchConfig) -> int:
     kv = 3 + len(config.kv_disk_dtypes) if config.kv_section else 0
     retrieval = 2 * int(config.retrieval_section)
     quality = quality_steps(config) if config.quality_section else 0
-    sections = engine + weights + int(config.radix_section) + kv + chunks + retrieval + quality
+    exactness = (2 + (len(code_paths()) if config.exactness_all_paths else 1)) * int(config.exactness_section)
+    sections = engine + weights + int(config.radix_section) + kv + chunks + retrieval + exactness + quality
     return 2 + sweep + steady + config.requests + 1 + sections
 
 

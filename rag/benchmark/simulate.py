@@ -65,7 +65,7 @@ class FakeKV:
 
 
 class SimulatedEngine:
-    """The engine's cache behaviour without a model: a ``GenerationBackend`` for prompt assembly
+    """The engine's cache behaviour without a model: the tokenizer and context prompt assembly reads
     (``cached_prefix_length`` is the probe of the ``cache`` chunk order) plus ``serve``."""
 
     def __init__(

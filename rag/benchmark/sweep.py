@@ -26,12 +26,12 @@ from rag.benchmark.stats import TokenCounts
 from rag.benchmark.workload import Workload
 from rag.config import RAGConfig
 from rag.knowledge_base import KnowledgeBase
-from rag.pipeline import Pipeline
+from rag.pipeline import build_assembler
 from rag.prompt.assembler import Prompt, PromptAssembler
+from rag.prompt.order import ORDERS
 from rag.prompt.template import ChatLayout
 from rag.types import ScoredChunk
 
-ORDERS = ("relevance", "canonical", "cache")
 EVICTIONS = ("lru", "gdsf")
 CAPACITIES = (0.0, 0.10, 0.25, 0.50, 1.0)
 UNBOUNDED = 1 << 62
@@ -207,7 +207,8 @@ class Simulator:
 
     def _assembler(self, config: RAGConfig, kb: KnowledgeBase) -> PromptAssembler:
         """The assembler ``Pipeline`` builds for this config (the same code path as the real runs)."""
-        return Pipeline(config, engine=self.engine(0), knowledge_base=kb).assembler
+        sim = self.engine(0)
+        return build_assembler(config, sim.tokenizer, sim.max_context)
 
 
 def run_sweep(

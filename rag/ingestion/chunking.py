@@ -23,6 +23,9 @@ from typing import Any
 
 from rag.types import DEFAULT_COLLECTION, Chunk, Document
 
+CHUNK_TOKENS = 256  # max LLM tokens per chunk
+CHUNK_OVERLAP = 32  # tokens a chunk repeats from the previous one
+
 Span = tuple[int, int]
 
 # Boundaries, coarse to fine; each regex matches the separator *between* two pieces.
@@ -94,7 +97,9 @@ class Chunker:
         [(0, 29, 7)]
     """
 
-    def __init__(self, tokenizer: Any = None, chunk_size: int = 256, overlap: int = 32) -> None:
+    def __init__(
+        self, tokenizer: Any = None, chunk_size: int = CHUNK_TOKENS, overlap: int = CHUNK_OVERLAP
+    ) -> None:
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
         if not 0 <= overlap < chunk_size:

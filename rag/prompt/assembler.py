@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from engine.sampling import DEFAULT_MAX_TOKENS
 from rag.prompt.order import ORDERS, ChunkLike, PrefixProbe, canonical_key, fit_count, order_indices
+from rag.prompt.prompt import Part, Prompt, Segment, join_parts
 from rag.prompt.template import ChatLayout, default_context_length, fold_system, validate_messages
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "ORDERS", "ChunkLike", "Prompt", "PromptAssembler", "Segment"]
@@ -39,65 +40,7 @@ CHUNK_TEMPLATE = " (source: {doc_id})\n{text}"  # follows the "[n]" marker
 # Separators lead the piece after them: a piece that ends in "\n\n" tokenizes it as one token where
 # the whole text would give "\n", "\n" (byte-level BPE splits whitespace before a word that way).
 SEPARATOR = "\n\n"
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A named run of prompt tokens, ``token_ids[start:end]``; ``text`` is what those ids decode to."""
-
-    name: str
-    start: int
-    end: int
-    stable: bool
-    text: str = ""
-
-    @property
-    def length(self) -> int:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """Token ids for the engine plus where each segment lies in them.
-
-    ``stable_length``: tokens of the prefix that is identical for every prompt of this assembler.
-    ``chunk_ids`` / ``chunks``: the chunks used, in prompt order (``[n]`` cites ``chunks[n - 1]``).
-    ``dropped_chunk_ids``: chunks left out to fit the context budget, best-ranked first.
-    ``chunk_spans``: ``token_ids[start:end]`` of each chunk's body (its ``[n]`` marker excluded), in
-    prompt order: what the engine's ``chunks`` reuse mode stitches (a body's ids are the same wherever
-    it stands; everything before the first body is the prefix each chunk is cached after).
-    """
-
-    token_ids: list[int]
-    segments: list[Segment]
-    stable_length: int = 0
-    chunk_ids: list[str] = field(default_factory=list)
-    dropped_chunk_ids: list[str] = field(default_factory=list)
-    chunks: list[ChunkLike] = field(default_factory=list)
-    chunk_spans: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        return "".join(seg.text for seg in self.segments)
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
-
-
-@dataclass
-class _Part:
-    """A segment under construction: its pieces' ids and text."""
-
-    name: str
-    stable: bool
-    ids: list[int] = field(default_factory=list)
-    text: str = ""
-    body_start: int | None = None  # a chunk part: where its body's ids begin (after the marker)
-
-    def add(self, text: str, ids: list[int]) -> _Part:
-        self.text += text
-        self.ids += ids
-        return self
+CHUNK_SEGMENT = "chunk:"  # segment names of retrieved chunks: "chunk:<chunk_id>"
 
 
 class PromptAssembler:
@@ -121,7 +64,7 @@ class PromptAssembler:
         pinned_context: str | None = None,
         order: str = "relevance",
         max_context_tokens: int | None = None,
-        max_tokens: int = 256,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         prefix_probe: PrefixProbe | None = None,
     ) -> None:
         if order not in ORDERS:
@@ -173,18 +116,53 @@ class PromptAssembler:
         """
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
+        probe = self.prefix_probe if prefix_probe is None else prefix_probe
+        return self._grounded([*self._stable_parts], question, chunks, self._tail, [], probe)
+
+    def assemble_chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        chunks: Sequence[ChunkLike],
+        *,
+        prefix_probe: PrefixProbe | None = None,
+    ) -> Prompt:
+        """Token ids for a chat grounded on ``chunks``: its last user message is the question, laid out
+        as ``assemble`` lays one out (chunks in the same order, within the same budget, then
+        ``Question: ...``); the messages around it are tokenized one by one, as ``assemble_messages``
+        does. A chat without a system message of its own opens with this assembler's stable prefix,
+        so a one-message chat gets exactly the ids ``assemble`` gives its question. The chat's own
+        messages, system ones included, are the caller's: never stable (never public material).
+        """
+        question = chat_question(messages)
+        msgs = validate_messages(messages)
+        head, tail, after = self._chat_frame(msgs, _last_user(msgs))
+        probe = self.prefix_probe if prefix_probe is None else prefix_probe
+        return self._grounded(head, question, chunks, tail, after, probe)
+
+    def _grounded(
+        self,
+        head: list[Part],
+        question: str,
+        chunks: Sequence[ChunkLike],
+        tail: str,
+        after: list[Part],
+        probe: PrefixProbe | None,
+    ) -> Prompt:
+        """``head``, the chunks that fit (in this assembler's order after ``head``), the question
+        closed by ``tail``, then ``after``."""
         ranked = _dedupe(chunks)
         bodies = self._layout.encode_many([chunk_body(c) for c in ranked])
-        question_part, kept = self._fit(question, bodies)
+        head_ids = [i for part in head for i in part.ids]
+        fixed = len(head_ids) + sum(len(part.ids) for part in after)
+        question_part, kept = self._fit(question, bodies, fixed, tail)
 
         def ids_at(i: int, pos: int) -> list[int]:
             return self._marker(pos) + bodies[i]
 
-        probe = self.prefix_probe if prefix_probe is None else prefix_probe
-        perm = order_indices(self.order, ranked[:kept], self.stable_ids, ids_at, probe)
+        perm = order_indices(self.order, ranked[:kept], head_ids, ids_at, probe)
         chunk_parts = [self._chunk_part(ranked[i], pos, bodies[i]) for pos, i in enumerate(perm)]
-        return _join(
-            [*self._stable_parts, *chunk_parts, question_part],
+        return join_parts(
+            [*head, *chunk_parts, question_part, *after],
             chunks=[ranked[i] for i in perm],
             dropped=[str(c.chunk_id) for c in ranked[kept:]],
         )
@@ -194,21 +172,22 @@ class PromptAssembler:
         chunk's body, i.e. how every prompt with this chunk first begins (what warming prefills)."""
         return [*self.stable_ids, *self._marker(0), *self._layout.encode(chunk_body(chunk))]
 
-    def _fit(self, question: str, bodies: list[list[int]]) -> tuple[_Part, int]:
-        """The question part and how many best-ranked chunks fit beside it within the budget."""
-        alone = self._question_part(question, after_chunks=False)
-        base = len(self.stable_ids) + len(alone.ids)
+    def _fit(self, question: str, bodies: list[list[int]], fixed: int, tail: str) -> tuple[Part, int]:
+        """The question part and how many best-ranked chunks fit beside it and the ``fixed`` tokens
+        around it (stable prefix, other messages) within the budget."""
+        alone = self._question_part(question, False, tail)
+        base = fixed + len(alone.ids)
         if base > self.budget:
             raise ValueError(
-                f"question takes {len(alone.ids)} tokens; with the {len(self.stable_ids)}-token "
-                f"stable prefix that is {base}, over the budget of {self.budget} tokens "
+                f"question takes {len(alone.ids)} tokens; with the {fixed} tokens of the stable prefix "
+                f"and other messages that is {base}, over the budget of {self.budget} tokens "
                 f"(max_context_tokens {self.max_context_tokens} - max_tokens {self.max_tokens})"
             )
         if not bodies:
             return alone, 0
-        after = self._question_part(question, after_chunks=True)
+        after = self._question_part(question, True, tail)
         lengths = [len(self._marker(n)) + len(b) for n, b in enumerate(bodies)]
-        kept = fit_count(len(self.stable_ids) + len(after.ids), lengths, self.budget)
+        kept = fit_count(fixed + len(after.ids), lengths, self.budget)
         return (after, kept) if kept else (alone, 0)
 
     def assemble_messages(self, messages: Sequence[Mapping[str, str]]) -> Prompt:
@@ -226,16 +205,16 @@ class PromptAssembler:
             msgs = fold_system(msgs)  # template without a system role (Gemma-style)
             scaffold = self._layout.scaffold([m["role"] for m in msgs])
         contents = self._layout.encode_many([m["content"] for m in msgs])
-        parts: list[_Part] = []
+        parts: list[Part] = []
         leading_system = True
         for i, (msg, ids) in enumerate(zip(msgs, contents, strict=True)):
             leading_system = leading_system and msg["role"] == "system"
-            part = _Part(f"{msg['role']}:{i}", leading_system)
+            part = Part(f"{msg['role']}:{i}", leading_system)
             if i == 0:
                 part.add(scaffold[0], self._layout.encode(scaffold[0], content=False))
             after = scaffold[i + 1]
             parts.append(part.add(msg["content"], ids).add(after, self._layout.encode(after, content=False)))
-        prompt = _join(parts, chunks=[], dropped=[])
+        prompt = join_parts(parts)
         if len(prompt) > self.budget:
             raise ValueError(
                 f"conversation takes {len(prompt)} tokens, over the budget of {self.budget} tokens "
@@ -244,51 +223,80 @@ class PromptAssembler:
         return prompt
 
     # -- pieces -----------------------------------------------------------------------------------
-    def _build_stable(self) -> tuple[list[_Part], str]:
+    def _build_stable(self) -> tuple[list[Part], str]:
         """Stable parts (ids computed once) and the scaffolding that closes the user message."""
+        texts = self._system_texts()
+        head, middle, (tail,) = self._frame(bool(texts), ["user"])
+        return self._opening(texts, head, middle, stable=True), tail
+
+    def _system_texts(self) -> list[tuple[str, str]]:
+        """(segment name, text) of this assembler's system content that is present."""
         texts = [
             ("system", self.system_prompt),
             ("tools", self.tools_text),
             ("pinned", PINNED_HEADER + self.pinned_context if self.pinned_context else ""),
         ]
-        present = [(name, text) for name, text in texts if text]
-        head, middle, tail = self._rag_scaffold(bool(present))
-        parts: list[_Part] = []
-        for n, (name, text) in enumerate(present):
-            part = _Part(name, True)
+        return [(name, text) for name, text in texts if text]
+
+    def _opening(self, texts: list[tuple[str, str]], head: str, middle: str, *, stable: bool) -> list[Part]:
+        """The parts of the system content ``texts`` (joined by separators), from the scaffolding
+        ``head`` before it to ``middle`` after it."""
+        parts: list[Part] = []
+        for n, (name, text) in enumerate(texts):
+            part = Part(name, stable)
             if n == 0:
                 part.add(head, self._layout.encode(head, content=False))
             piece = text if n == 0 else SEPARATOR + text
             parts.append(part.add(piece, self._layout.encode(piece)))
         if not parts:  # no system content: the template's own default system message, if any
-            parts.append(_Part("system", True).add(head, self._layout.encode(head, content=False)))
+            parts.append(Part("system", stable).add(head, self._layout.encode(head, content=False)))
         parts[-1].add(middle, self._layout.encode(middle, content=False))
-        return [p for p in parts if p.ids], tail
+        return [p for p in parts if p.ids]
 
-    def _rag_scaffold(self, has_system: bool) -> tuple[str, str, str]:
-        """(before system content, between it and the user content, after the user content)."""
+    def _frame(self, has_system: bool, roles: Sequence[str]) -> tuple[str, str, list[str]]:
+        """Scaffolding of system content followed by messages with ``roles``: (before the system
+        content, between it and the first message, after each message)."""
         if has_system:
             try:
-                head, middle, tail = self._layout.scaffold(("system", "user"))
-                return head, middle, tail
+                head, middle, *between = self._layout.scaffold(("system", *roles))
+                return head, middle, between
             except ValueError:
-                pass  # no system role: system content opens the user message instead
-        head, tail = self._layout.scaffold(("user",))
-        return head, SEPARATOR if has_system else "", tail
+                pass  # no system role: system content opens the first message instead
+        head, *between = self._layout.scaffold(tuple(roles))
+        return head, SEPARATOR if has_system else "", between
+
+    def _chat_frame(self, msgs: list[dict[str, str]], last: int) -> tuple[list[Part], str, list[Part]]:
+        """A grounded chat's parts before its question (opening, earlier messages), the scaffolding
+        that closes the question's message, and the parts of the messages after it."""
+        n_system = next((i for i, m in enumerate(msgs) if m["role"] != "system"), len(msgs))
+        own = [(f"system:{i}", m["content"]) for i, m in enumerate(msgs[:n_system])]
+        texts = own or self._system_texts()
+        rest = msgs[n_system:]
+        head, middle, between = self._frame(bool(texts), [m["role"] for m in rest])
+        parts = self._opening(texts, head, middle, stable=not own)
+        ask = last - n_system
+        messages = [
+            Part(f"{m['role']}:{n_system + i}", False)
+            .add(m["content"], self._layout.encode(m["content"]))
+            .add(between[i], self._layout.encode(between[i], content=False))
+            for i, m in enumerate(rest)
+            if i != ask
+        ]
+        return parts + messages[:ask], between[ask], messages[ask:]
 
     def _marker(self, pos: int) -> list[int]:
         return self._layout.encode(_marker_text(pos))
 
-    def _chunk_part(self, chunk: ChunkLike, pos: int, body_ids: list[int]) -> _Part:
+    def _chunk_part(self, chunk: ChunkLike, pos: int, body_ids: list[int]) -> Part:
         marker = _marker_text(pos)
-        part = _Part(f"chunk:{chunk.chunk_id}", False).add(marker, self._marker(pos))
+        part = Part(f"{CHUNK_SEGMENT}{chunk.chunk_id}", False).add(marker, self._marker(pos))
         part.body_start = len(part.ids)
         return part.add(chunk_body(chunk), body_ids)
 
-    def _question_part(self, question: str, after_chunks: bool) -> _Part:
+    def _question_part(self, question: str, after_chunks: bool, tail: str) -> Part:
         text = (SEPARATOR if after_chunks else "") + QUESTION_TEMPLATE.format(question=question.strip())
-        part = _Part("question", False).add(text, self._layout.encode(text))
-        return part.add(self._tail, self._layout.encode(self._tail, content=False))
+        part = Part("question", False).add(text, self._layout.encode(text))
+        return part.add(tail, self._layout.encode(tail, content=False))
 
 
 def render_tools(tools: list[dict[str, Any]]) -> str:
@@ -325,22 +333,17 @@ def _dedupe(chunks: Sequence[ChunkLike]) -> list[ChunkLike]:
     return out
 
 
-def _join(parts: list[_Part], chunks: list[ChunkLike], dropped: list[str]) -> Prompt:
-    ids: list[int] = []
-    segments = []
-    spans = []
-    for part in parts:
-        segments.append(Segment(part.name, len(ids), len(ids) + len(part.ids), part.stable, part.text))
-        if part.body_start is not None:
-            spans.append((len(ids) + part.body_start, len(ids) + len(part.ids)))
-        ids += part.ids
-    stable = max((s.end for s in segments if s.stable), default=0)
-    return Prompt(
-        token_ids=ids,
-        segments=segments,
-        stable_length=stable,
-        chunk_ids=[str(c.chunk_id) for c in chunks],
-        dropped_chunk_ids=dropped,
-        chunks=chunks,
-        chunk_spans=spans,
-    )
+def chat_question(messages: Sequence[Mapping[str, str]]) -> str:
+    """What a grounded chat asks: its last user message (ValueError if it has none, or an empty one)."""
+    msgs = validate_messages(messages)
+    question = msgs[_last_user(msgs)]["content"]
+    if not question.strip():
+        raise ValueError("the last user message is empty: nothing to retrieve for")
+    return question
+
+
+def _last_user(messages: list[dict[str, str]]) -> int:
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i]["role"] == "user":
+            return i
+    raise ValueError("a grounded chat needs a user message: its last one is what is retrieved for")

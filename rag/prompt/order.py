@@ -19,9 +19,10 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
-ORDERS = ("relevance", "canonical", "cache")
+ChunkOrder = Literal["relevance", "canonical", "cache"]
+ORDERS: tuple[str, ...] = get_args(ChunkOrder)
 # chunks mode reuses every cached chunk wherever it stands, so its order is the one answers are best in
 CHUNKS_MODE_ORDER = "relevance"
 

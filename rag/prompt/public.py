@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from rag.prompt.assembler import Prompt
-
-CHUNK_SEGMENT = "chunk:"  # segment names of retrieved chunks: "chunk:<chunk_id>"
+from rag.prompt.assembler import CHUNK_SEGMENT, Prompt
 
 
 def public_prefix_length(prompt: Prompt, public_collections: Collection[str]) -> int:

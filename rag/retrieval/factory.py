@@ -50,7 +50,12 @@ def make_retriever(
         retriever = lexical
     elif mode == "hybrid":
         retriever = HybridRetriever(
-            dense, lexical, fusion or config.fusion, config.dense_weight, config.rrf_k, config.fusion_pool
+            dense,
+            lexical,
+            fusion=fusion or config.fusion,
+            dense_weight=config.dense_weight,
+            rrf_k=config.rrf_k,
+            pool=config.fusion_pool,
         )
     else:
         raise ValueError(f"mode must be 'dense', 'bm25' or 'hybrid', got {mode!r}")

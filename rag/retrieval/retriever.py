@@ -6,7 +6,7 @@ chunk (exact cosine from the stored vectors, exact BM25), and fuses either by a 
 min-max-normalised scores (``"weighted"``, the measured default) or by reciprocal rank (``"rrf"``).
 
 Example:
-    >>> hybrid = HybridRetriever(DenseRetriever(embedder, index, chunks), BM25Retriever(bm25, chunks))  # doctest: +SKIP
+    >>> hybrid = make_retriever(RAGConfig(), embedder, index, bm25, chunks, mode="hybrid")  # doctest: +SKIP
     >>> [hit.doc_id for hit in hybrid.retrieve("how do I catch two exceptions?", top_k=2)]        # doctest: +SKIP
     ['try', 'compound']
 """
@@ -118,7 +118,7 @@ def weighted_fusion(score_maps: Sequence[Mapping[str, float]], weights: Sequence
     return fused
 
 
-def rrf_fusion(rankings: Sequence[Sequence[str]], weights: Sequence[float], k: int = 60) -> dict[str, float]:
+def rrf_fusion(rankings: Sequence[Sequence[str]], weights: Sequence[float], k: int) -> dict[str, float]:
     """Reciprocal rank fusion: ``sum(weight / (k + rank))`` with ranks from 1."""
     fused: dict[str, float] = {}
     for ranking, weight in zip(rankings, weights, strict=True):
@@ -128,10 +128,11 @@ def rrf_fusion(rankings: Sequence[Sequence[str]], weights: Sequence[float], k: i
 
 
 class HybridRetriever:
-    """Dense + BM25, fused by weighted normalised scores (default) or reciprocal rank fusion.
+    """Dense + BM25, fused by weighted normalised scores or reciprocal rank fusion. The fusion settings
+    have no defaults here: ``RAGConfig`` owns them (``rag.retrieval.factory`` passes its values).
 
     Example:
-        >>> hybrid = HybridRetriever(dense, lexical, fusion="weighted", dense_weight=0.7)  # doctest: +SKIP
+        >>> hybrid = HybridRetriever(dense, lexical, fusion="weighted", dense_weight=0.7, rrf_k=60, pool=50)  # doctest: +SKIP
         >>> hybrid.retrieve("how do I merge two dicts?", top_k=4)                          # doctest: +SKIP
     """
 
@@ -139,10 +140,11 @@ class HybridRetriever:
         self,
         dense: DenseRetriever,
         lexical: BM25Retriever,
-        fusion: Literal["weighted", "rrf"] = "weighted",
-        dense_weight: float = 0.7,
-        rrf_k: int = 60,
-        pool: int = 50,
+        *,
+        fusion: Literal["weighted", "rrf"],
+        dense_weight: float,
+        rrf_k: int,
+        pool: int,
     ) -> None:
         if fusion not in ("weighted", "rrf"):
             raise ValueError(f"fusion must be 'weighted' or 'rrf', got {fusion!r}")

@@ -34,6 +34,15 @@ def test_server_info_states_the_limits(server, engine, path):
     assert info["state"] == "ready" and info["dp_size"] == 1 and info["max_running_requests"] == 7
     assert info["prefix_caching"] is True and info["cache_bytes"] == engine.config.cache_bytes
     assert "model_path" not in info
+    # the engine's own verdict on reuse exactness for this machine, with its reason
+    assert info["exact_reuse"] == engine.stats()["exact_reuse"] and isinstance(info["exact_reuse"], bool)
+    assert info["exact_reuse_reason"] == engine.stats()["exact_reuse_reason"]
+
+
+def test_cache_stats_state_the_exact_reuse_verdict(server, engine):
+    body = httpx.get(server.url + "/v1/cache", headers={"Authorization": "Bearer sk-alice-123"}).json()
+    assert body["exact_reuse"] == engine.stats()["exact_reuse"]
+    assert "prompt" in body["exact_reuse_reason"]
 
 
 def test_server_info_reports_caching_as_the_engine_decided(serve, loaded_model, tmp_path):

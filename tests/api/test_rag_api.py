@@ -77,7 +77,9 @@ def test_empty_index_still_answers(http):
     assert answer["object"] == "answer" and answer["sources"] == []
     assert answer["text"].strip()
     assert answer["usage"]["prompt_tokens"] > 0
-    assert set(answer["timings"]) == {"retrieve_ms", "rerank_ms", "ttft_ms", "total_ms"}
+    t = answer["timings"]  # every timing the pipeline measures (Pipeline.ask's Timings)
+    assert set(t) == {"retrieve_ms", "rerank_ms", "assemble_ms", "prefill_ms", "ttft_ms", "total_ms"}
+    assert t["assemble_ms"] > 0 and t["ttft_ms"] >= t["prefill_ms"] > 0 and t["total_ms"] >= t["ttft_ms"]
 
 
 def test_add_list_get_documents(http):
@@ -158,6 +160,40 @@ def test_ask_stream_event_order(http):
     text = "".join(d["text"] for k, d in events if k == "delta")
     plain = _ask(http, "Who leads the team?", max_tokens=12)
     assert text == plain["text"]
+    usage, timings, done = (d for _, d in events[-3:])
+    assert usage["prompt_tokens"] == plain["usage"]["prompt_tokens"] and usage["completion_tokens"] > 0
+    assert set(timings) == set(plain["timings"]) and timings["ttft_ms"] >= timings["prefill_ms"] > 0
+    assert done["finish_reason"] == plain["finish_reason"] and done["id"].startswith("ans-")
+
+
+def test_rag_chat_reads_the_prompt_ask_reads_and_scores_its_sources_alike(http, pipeline):
+    """A chat with "rag" is grounded by the pipeline's assembler: a one-message chat reads exactly the
+    prompt /v1/ask reads for its question (so it finds it cached), with the same sources in the same
+    order, each scored as the schema documents on both routes: the question-chunk cosine similarity."""
+    question = "What is the secret code of the Zorblax project?"
+    ask = _ask(http, question, max_tokens=8)
+    body = {
+        "messages": [{"role": "user", "content": question}],
+        "rag": True,
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    reply = http.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    chat = reply.json()
+    assert [s["chunk_id"] for s in chat["sources"]] == [s["chunk_id"] for s in ask["sources"]]
+    assert [s["score"] for s in chat["sources"]] == [s["score"] for s in ask["sources"]]
+    usage = chat["usage"]
+    assert usage["prompt_tokens"] == ask["usage"]["prompt_tokens"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1  # ask's prompt
+    ids = [s["chunk_id"] for s in chat["sources"]]
+    cosine = pipeline.kb.similarity(question, ids)
+    assert [s["score"] for s in chat["sources"]] == pytest.approx([cosine[i] for i in ids])
+    fused = {h.chunk_id: h.score for h in pipeline.retrieve(question)}  # not the retrieval's fused score
+    assert any(abs(fused[i] - cosine[i]) > 1e-3 for i in ids if i in fused)
+    streamed = http.post("/v1/chat/completions", json={**body, "stream": True})
+    first = json.loads(streamed.text.split("\n\n")[0].removeprefix("data: "))
+    assert [s["score"] for s in first["sources"]] == [s["score"] for s in chat["sources"]]
 
 
 def test_upload_files(http, index_dir):
@@ -202,6 +238,7 @@ def test_delete_and_unknown_ids(http):
         (b'{"question": "hi", "top_k": 9}', 422, "top_k"),
         (b'{"question": "hi", "top_k": "many"}', 422, "top_k"),
         (b'{"question": "hi", "colour": "red"}', 422, "colour"),
+        (b'{"question": "hi", "max_tokens": 2049}', 422, "limit of 2048"),  # the OpenAI routes: 400
     ],
 )
 def test_bad_questions(http, body, status, contains):

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from engine import Engine, EngineConfig, EngineError, QueueFullError, RemoteEngine, SamplingParams
+from engine.backend import BackendCapabilities, CacheProbe, cache_probe, local_cache
 from rag.api import Settings, create_app
 from rag.api.server import BackgroundServer
 from rag.config import RAGConfig
@@ -110,6 +111,8 @@ def test_bad_arguments_fail_before_any_request(remote: RemoteEngine) -> None:
     for prompt in ([], "", [1, "2"], [1.5], None):
         with pytest.raises(ValueError, match="prompt"):
             remote.stream(prompt, PARAMS)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="public_prefix"):
+        remote.stream("hi", PARAMS, public_prefix=3)  # capabilities.public_prefix is off
     with pytest.raises(ValueError, match="base_url"):
         RemoteEngine("localhost:8000", "m")
     with pytest.raises(ValueError, match="prompt_format"):
@@ -146,6 +149,22 @@ def test_pipeline_with_a_remote_engine_answers_as_the_local_engine_does(
     assert [s.chunk_id for s in first.sources] == [s.chunk_id for s in local.sources]
     assert first.usage.completion_tokens > 0 and first.timings.ttft_ms > 0
     assert second.usage.cached_tokens > 50  # the stable prefix, cached on the server
+
+
+def test_a_remote_engine_states_no_optional_capability_and_the_pipeline_asks(
+    remote: RemoteEngine, loaded_model: Any, embedder: Any
+) -> None:
+    """Its cache is the server's: nothing to probe, reset, warm or share from here. A pipeline told to
+    share public prefixes asks the capability first, so the request goes out without one."""
+    assert remote.capabilities == BackendCapabilities()
+    assert cache_probe(remote) is None and local_cache(remote) is None
+    assert not isinstance(remote, CacheProbe)
+    config = RAGConfig(max_tokens=4, chunk_order="cache", public_collections=["default"])
+    kb = KnowledgeBase(config, embedder=embedder, chunker=Chunker(loaded_model.tokenizer))
+    pipeline = Pipeline(config, engine=remote, knowledge_base=kb)
+    pipeline.add_documents([FACT])
+    answer = pipeline.ask("What is the secret code of the Zorblax project?", namespace="asks")
+    assert answer.usage.completion_tokens > 0 and answer.sources[0].doc_id == FACT.id
 
 
 # ---- servers that misbehave -------------------------------------------------------------------

@@ -23,7 +23,7 @@ def _req(ids, arrival=None):
 
 def test_longest_cached_prefix_first():
     cached = {1: 10, 2: 500, 3: 50}
-    sched = Scheduler(lambda r: cached[r.prompt_ids[0]], aging_rate=0.0)
+    sched = Scheduler(lambda r: cached[r.prompt_ids[0]], max_waiting=8, aging_rate=0.0)
     now = time.perf_counter()
     for k in (1, 2, 3):
         sched.add(_req([k], arrival=now))
@@ -33,7 +33,7 @@ def test_longest_cached_prefix_first():
 
 def test_aging_prevents_starvation():
     cached = {1: 0, 2: 1000}
-    sched = Scheduler(lambda r: cached[r.prompt_ids[0]], aging_rate=100.0)
+    sched = Scheduler(lambda r: cached[r.prompt_ids[0]], max_waiting=8, aging_rate=100.0)
     now = time.perf_counter()
     sched.add(_req([1], arrival=now - 60))  # waited a minute: 6000 tokens of priority
     sched.add(_req([2], arrival=now))
@@ -41,7 +41,7 @@ def test_aging_prevents_starvation():
 
 
 def test_ties_keep_arrival_order():
-    sched = Scheduler(lambda r: 0, aging_rate=0.0)
+    sched = Scheduler(lambda r: 0, max_waiting=8, aging_rate=0.0)
     now = time.perf_counter()
     for k in range(5):
         sched.add(_req([k], arrival=now))
@@ -49,7 +49,7 @@ def test_ties_keep_arrival_order():
 
 
 def test_bounded_queue_raises():
-    sched = Scheduler(lambda r: 0, max_waiting=2)
+    sched = Scheduler(lambda r: 0, max_waiting=2, aging_rate=0.0)
     sched.add(_req([1]))
     sched.add(_req([2]))
     with pytest.raises(QueueFullError) as info:
@@ -58,7 +58,7 @@ def test_bounded_queue_raises():
 
 
 def test_cancelled_requests_leave_first():
-    sched = Scheduler(lambda r: 100 if r.prompt_ids == [1] else 0)
+    sched = Scheduler(lambda r: 100 if r.prompt_ids == [1] else 0, max_waiting=8, aging_rate=2000.0)
     a, b = _req([1]), _req([2])
     sched.add(a)
     sched.add(b)

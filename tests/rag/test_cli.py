@@ -68,6 +68,8 @@ def test_demo_command(user, home):
     prompt, cached = (int(cell) for cell in again.split("│")[3:5])
     assert cached == prompt - 1  # the repeated question reuses all but its last token
     assert "prefix cache" in shown.output and "faster" in shown.output
+    verdict = shown.output.split("exact reuse on this machine:")[1][:40]  # the engine's own verdict
+    assert any(word in verdict for word in ("bit-exact", "within float rounding")), verdict
 
 
 @pytest.mark.parametrize("command", ["demo", "serve"])

@@ -10,7 +10,9 @@ from rag.api.access import search_scope
 from rag.api.bridge import SSE_HEADERS, ClosingStreamingResponse
 from rag.api.deps import AccessDep, PrincipalDep, ServicesDep, SettingsDep
 from rag.api.errors import ERROR_RESPONSES, ErrorResponse, api_error
-from rag.api.rag_stream import AskRun, ask_frames
+from rag.api.generation import ANSWER, Generation
+from rag.api.rag_stream import ask_frames
+from rag.api.schemas.openai import new_id
 from rag.api.schemas.rag import AskRequest, AskResponse
 from rag.api.settings import Settings
 
@@ -49,22 +51,26 @@ async def ask(
     question, top_k = _validate(body, settings)
     scope = search_scope(access, body.collections)
     pipeline = services.ready_pipeline()
-    run = await AskRun.start(
+    params = pipeline.config.sampling_params(max_tokens=body.max_tokens)  # the pipeline's, one cap replaced
+    namespace = principal.namespace()
+    gen = await Generation.start(
         services,
-        pipeline,
-        question,
-        top_k=top_k,
-        max_tokens=body.max_tokens,
-        namespace=principal.namespace(),
-        collections=scope,
-        reuse=body.reuse,
+        "ask",
+        lambda: pipeline.stream(
+            question, top_k, namespace, params=params, collections=scope, reuse=body.reuse
+        ),
+        ANSWER,
+        param="question",
+        peek=True,  # the sources: retrieval errors and a full queue get their status, not an SSE error
     )
+    answer_id, model = new_id("ans"), pipeline.engine.model_id
     if body.stream:
-        return ClosingStreamingResponse(ask_frames(run), media_type="text/event-stream", headers=SSE_HEADERS)
-    answer = await run.collect(request)
+        frames = ask_frames(gen, answer_id=answer_id, model=model)
+        return ClosingStreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+    answer = await gen.collect(request)
     if answer is None:
         return Response(status_code=499)
-    return answer
+    return AskResponse.of(answer, answer_id=answer_id, model=model)
 
 
 def _validate(body: AskRequest, settings: Settings) -> tuple[str, int | None]:
@@ -87,11 +93,7 @@ def _validate(body: AskRequest, settings: Settings) -> tuple[str, int | None]:
             param="top_k",
             code="top_k_out_of_range",
         )
-    if body.max_tokens is not None and body.max_tokens > settings.max_tokens_limit:
-        raise api_error(
-            422,
-            f"max_tokens={body.max_tokens} exceeds this server's limit of {settings.max_tokens_limit}",
-            param="max_tokens",
-            code="max_tokens_too_large",
-        )
+    too_large = settings.max_tokens_problem(body.max_tokens)
+    if too_large:  # outside the bounds the schema publishes: FastAPI's 422
+        raise api_error(422, too_large, param="max_tokens", code="max_tokens_too_large")
     return question, body.top_k

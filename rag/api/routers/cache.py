@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 from fastapi import APIRouter
 
+from engine.backend import local_cache
 from rag.api.access import search_scope
 from rag.api.auth import Principal
 from rag.api.deps import AccessDep, AdminDep, EngineDep, PrincipalDep, ServicesDep, SettingsDep
@@ -44,6 +45,8 @@ async def cache_stats(services: ServicesDep, principal: PrincipalDep, engine: En
         "object": "cache.stats",
         "model": engine.model_id,
         "caching": bool(stats.get("caching", True)),
+        "exact_reuse": stats.get("exact_reuse"),
+        "exact_reuse_reason": stats.get("exact_reuse_reason"),
         "cache": stats.get("cache", {}),
         "kv": stats.get("kv"),
         "disk": stats.get("disk"),
@@ -56,12 +59,12 @@ async def cache_stats(services: ServicesDep, principal: PrincipalDep, engine: En
 async def cache_reset(services: ServicesDep, admin: AdminDep, engine: EngineDep) -> dict[str, Any]:
     """Drop every cached prefix in RAM (all tenants). Counters are monotonic and survive the reset. The
     disk tier is left alone: other replicas may share its folder."""
-    cache = getattr(engine, "cache", None)
-    if cache is None or not hasattr(engine, "reset_cache"):
+    local = local_cache(engine)
+    if local is None:
         raise api_error(400, "this server's engine has no local prefix cache to reset", code="no_local_cache")
-    before = cache.used_bytes
-    await anyio.to_thread.run_sync(engine.reset_cache, limiter=services.limiter)
-    return {"object": "cache.reset", "freed_bytes": before, "used_bytes": cache.used_bytes}
+    before = local.cache.used_bytes
+    await anyio.to_thread.run_sync(local.reset_cache, limiter=services.limiter)
+    return {"object": "cache.reset", "freed_bytes": before, "used_bytes": local.cache.used_bytes}
 
 
 @router.post("/warm")
@@ -70,7 +73,8 @@ async def cache_warm(
 ) -> dict[str, Any]:
     """Prefill prompts (system prompts, FAQ prompts) into a tenant's prefix cache and the disk tier,
     answering once their KV is written."""
-    if not hasattr(engine, "warm"):
+    local = local_cache(engine)
+    if local is None:
         raise api_error(400, "this server's engine has no local prefix cache to warm", code="no_local_cache")
     prompts: list[Any] = []
     for prompt in body.prompts:
@@ -84,7 +88,7 @@ async def cache_warm(
     namespace = Principal(body.tenant).namespace()
     try:
         result = await anyio.to_thread.run_sync(
-            lambda: engine.warm(prompts, namespace=namespace), limiter=services.limiter
+            lambda: local.warm(prompts, namespace=namespace), limiter=services.limiter
         )
     except ValueError as exc:
         raise api_error(400, str(exc), param="prompts") from exc

@@ -14,10 +14,10 @@ from pydantic import BaseModel
 from engine.request import GenerationResult
 from rag.api.access import search_scope
 from rag.api.bridge import SSE_HEADERS, ClosingStreamingResponse
-from rag.api.chat_retrieval import grounded_chat
+from rag.api.chat_retrieval import GroundedChat
 from rag.api.deps import AccessDep, EngineDep, PrincipalDep, ServicesDep, SettingsDep
 from rag.api.errors import ERROR_RESPONSES, ErrorResponse, api_error
-from rag.api.generation import Generation
+from rag.api.generation import ENGINE, Generation
 from rag.api.openai_compat import (
     chat_messages,
     check_chat,
@@ -77,25 +77,30 @@ async def chat_completions(
     on passages retrieved from the caller's readable collections (``sources``)."""
     model = _check_model(services, body.model)
     check_chat(body)
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    if body.max_tokens is not None and body.max_tokens > settings.max_tokens_limit:  # even if overridden
-        raise api_error(
-            400,
-            f"max_tokens={body.max_tokens} exceeds this server's limit of {settings.max_tokens_limit}",
-            param="max_tokens",
-        )
     params = sampling_params(
-        body, settings, max_tokens=max_tokens, default_max_tokens=settings.default_max_tokens
+        body,
+        settings,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        default_max_tokens=settings.default_max_tokens,
+        also_checked=body.max_tokens,  # refused even where max_completion_tokens overrides it
     )
     messages = chat_messages(body.messages, settings)
+    namespace = principal.namespace(body.cache_salt)
     sources = None
-    if body.rag or body.collections is not None:
+    if body.rag or body.collections is not None:  # grounded by the pipeline, as /v1/ask is
         scope = search_scope(access, body.collections)
-        messages, sources = await grounded_chat(services, messages, scope)
-    prompt = await anyio.to_thread.run_sync(services.chat_prompt, messages, limiter=services.limiter)
-    gen = await Generation.start(
-        services, "chat", prompt, params, namespace=principal.namespace(body.cache_salt)
-    )
+        grounded = GroundedChat(services.ready_pipeline(), messages, params, namespace=namespace, scope=scope)
+        gen = await Generation.start(services, "chat", grounded, ENGINE, param="messages")
+        sources = grounded.sources
+    else:
+        prompt = await anyio.to_thread.run_sync(services.chat_prompt, messages, limiter=services.limiter)
+        gen = await Generation.start(
+            services,
+            "chat",
+            lambda: engine.stream(prompt, params, namespace=namespace),
+            ENGINE,
+            param="messages",
+        )
     frames = functools.partial(chat_frames, sources=sources)
     body_of = functools.partial(_chat_completion, sources=sources)
     return await _reply(gen, request, body, _Reply("chatcmpl", model, frames, body_of))
@@ -116,8 +121,13 @@ async def completions(
     default = min(_COMPLETIONS_DEFAULT_MAX_TOKENS, settings.max_tokens_limit)
     params = sampling_params(body, settings, max_tokens=body.max_tokens, default_max_tokens=default)
     prompt = completion_prompt(body)
+    namespace = principal.namespace(body.cache_salt)
     gen = await Generation.start(
-        services, "completions", prompt, params, namespace=principal.namespace(body.cache_salt)
+        services,
+        "completions",
+        lambda: engine.stream(prompt, params, namespace=namespace),
+        ENGINE,
+        param="prompt",
     )
     return await _reply(gen, request, body, _Reply("cmpl", model, completion_frames, _completion))
 

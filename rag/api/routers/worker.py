@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from engine.backend import GenerationBackend, local_cache
 from rag.api.deps import ServicesDep
 from rag.api.services import Services
 from rag.api.version import package_version
@@ -34,8 +35,8 @@ async def model_info(services: ServicesDep) -> dict[str, Any]:
         "is_generation": True,
         "model_type": "causal_lm",
     }
-    if engine is not None and getattr(engine, "max_context", None):
-        info["max_context_length"] = int(engine.max_context)
+    if engine is not None and engine.max_context:
+        info["max_context_length"] = engine.max_context
     return info
 
 
@@ -45,19 +46,30 @@ async def server_info(services: ServicesDep) -> dict[str, Any]:
     """Server limits and state (SGLang's ``/get_server_info`` names where one applies).
 
     ``prefix_caching`` is what the loaded engine decided (it turns caching off for models whose KV
-    cannot be reused exactly, whatever the settings ask), null while the model loads.
+    cannot be reused exactly, whatever the settings ask), null while the model loads, false for a
+    remote engine (no cache in this process); ``exact_reuse`` (and its reason) whether reused KV gives
+    the same bits as computing it on this machine (engine.exact_reuse), null while loading, for a
+    remote engine, or with caching off.
     """
     settings = services.settings
     engine = services.engine
+    stats = engine.stats() if engine is not None else {}
     return {
         "served_model_name": _model_id(services),
         "version": package_version(),
         "state": services.state,
         "dp_size": 1,
         "max_running_requests": settings.max_inflight,
-        "prefix_caching": None if engine is None else bool(getattr(engine, "caching", False)),
+        "prefix_caching": None if engine is None else _caches(engine),
         "cache_bytes": settings.engine.cache_bytes,
+        "exact_reuse": stats.get("exact_reuse"),
+        "exact_reuse_reason": stats.get("exact_reuse_reason"),
     }
+
+
+def _caches(engine: GenerationBackend) -> bool:
+    cache = local_cache(engine)
+    return cache is not None and cache.caching
 
 
 def _model_id(services: Services) -> str:

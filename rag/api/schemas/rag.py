@@ -6,7 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.chunks.reuse import ReuseMode
 from rag.api.schemas.types import Bool, Int, RequestModel
+from rag.results import Answer, Source, Timings, Usage
 from rag.types import DEFAULT_COLLECTION, NAME_PATTERN
 
 # JSON-schema patterns (documentation for clients and fuzzers; the routers check the same rules)
@@ -45,7 +47,7 @@ class AskRequest(RequestModel):
         default=None, ge=1, description="answer length cap (default: the pipeline's)"
     )
     collections: Collections | None = None
-    reuse: Literal["prefix", "chunks"] | None = Field(
+    reuse: ReuseMode | None = Field(
         default=None,
         description="KV reuse for this question (default: the server's): 'prefix' is exact; 'chunks' also "
         "reuses cached chunks wherever they stand, recomputing a share of their tokens (approximate)",
@@ -59,10 +61,21 @@ class SourceOut(BaseModel):
     chunk_id: str
     score: float = Field(
         description="cosine similarity of the question's and the chunk's embeddings, from -1 to 1 "
-        "(higher is closer); the same measure however many chunks were candidates"
+        "(higher is closer); the same measure on every route (/v1/ask, chat with `rag`), whatever "
+        "retrieval mode, fusion or reranker picked the chunk and however many chunks were candidates"
     )
     text: str
     collection: str = DEFAULT_COLLECTION
+
+    @classmethod
+    def of(cls, source: Source) -> SourceOut:
+        return cls(
+            doc_id=source.doc_id,
+            chunk_id=source.chunk_id,
+            score=source.score,
+            text=source.text,
+            collection=source.collection,
+        )
 
 
 class AskUsage(BaseModel):
@@ -84,14 +97,45 @@ class AskUsage(BaseModel):
     )
     reuse: str = Field(default="prefix", description="the KV reuse mode that served the question")
 
+    @classmethod
+    def of(cls, usage: Usage) -> AskUsage:
+        return cls(
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens,
+            total_tokens=usage.total_tokens,
+            stitched_tokens=usage.stitched_tokens,
+            recomputed_tokens=usage.recomputed_tokens,
+            stitch_deviation=usage.stitch_deviation,
+            reuse=usage.reuse,
+        )
+
 
 class TimingsOut(BaseModel):
-    """Milliseconds, measured from the moment the question reached the pipeline."""
+    """Milliseconds: every timing the pipeline measures, from the moment the question reached it."""
 
     retrieve_ms: float = Field(description="first-stage retrieval, milliseconds")
     rerank_ms: float = Field(description="reranking, milliseconds (0 without a reranker)")
+    assemble_ms: float = Field(
+        description="prompt assembly (tokenization, the cache-aware chunk order), milliseconds"
+    )
+    prefill_ms: float = Field(
+        description="the engine's share of `ttft_ms`: its queue and the prefill of the uncached suffix, "
+        "milliseconds"
+    )
     ttft_ms: float = Field(description="to the first answer token, retrieval included, milliseconds")
     total_ms: float = Field(description="to the last answer token, milliseconds")
+
+    @classmethod
+    def of(cls, timings: Timings) -> TimingsOut:
+        return cls(
+            retrieve_ms=timings.retrieve_ms,
+            rerank_ms=timings.rerank_ms,
+            assemble_ms=timings.assemble_ms,
+            prefill_ms=timings.prefill_ms,
+            ttft_ms=timings.ttft_ms,
+            total_ms=timings.total_ms,
+        )
 
 
 class AskResponse(BaseModel):
@@ -103,6 +147,18 @@ class AskResponse(BaseModel):
     usage: AskUsage
     timings: TimingsOut
     finish_reason: str = "stop"
+
+    @classmethod
+    def of(cls, answer: Answer, *, answer_id: str, model: str) -> AskResponse:
+        return cls(
+            id=answer_id,
+            model=model,
+            text=answer.text,
+            sources=[SourceOut.of(s) for s in answer.sources],
+            usage=AskUsage.of(answer.usage),
+            timings=TimingsOut.of(answer.timings),
+            finish_reason=answer.finish_reason,
+        )
 
 
 class DocumentIn(RequestModel):

@@ -57,6 +57,7 @@ def engine_chunks(loaded_model):
     eng.close()
 
 
+@pytest.mark.numerics
 def test_a_rotated_key_is_the_key_at_the_new_position(engine):
     runner = engine.runner
     ids, _ = rag_prompt(engine.tokenizer, "ab")

@@ -18,6 +18,7 @@ from engine.kv.block_pool import KVBlockPool
 from engine.kv.codec import KV_DTYPES, make_codec
 from engine.runner import ModelRunner
 from prefix_cache import RadixCache
+from tests.engine.reuse_helpers import assert_as_stated
 
 TEXT = (
     "A radix tree keyed by token ids lets requests that share a prompt prefix reuse its attention keys "
@@ -97,7 +98,7 @@ def test_cached_logits_equal_one_full_prefill(loaded_model, prompt, kv_dtype, pr
     runner = _runner(loaded_model, "fused", kv_dtype)
     cold = _full_prefill(runner, kv_dtype, prompt)
     _, second, loaded = _through_the_cache(runner, prompt, prefix_len)
-    assert torch.equal(runner.prefill(prompt[loaded:], second), cold)
+    assert_as_stated(runner, runner.prefill(prompt[loaded:], second), cold, f"{kv_dtype} KV")
 
 
 _full: dict[str, torch.Tensor] = {}

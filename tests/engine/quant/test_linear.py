@@ -6,6 +6,8 @@ import torch.nn.functional as F
 
 from engine.quant.linear import int8_linear, pack_int8, quantize_rows, quantize_weight
 
+pytestmark = pytest.mark.numerics  # also run under each narrower code path (test_isa_paths)
+
 
 @pytest.fixture(scope="module")
 def real_weights(loaded_model):

@@ -64,6 +64,7 @@ TINY = BenchConfig.quick_run(
     quality_strategies=("none", "first"),
     retrieval_section=True,
     retrieval_scale_chunks=500,
+    exactness_section=False,  # tests/rag/benchmark/test_exactness_section.py runs it
     retrieval_timed_questions=3,
 )
 

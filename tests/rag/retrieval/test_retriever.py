@@ -1,5 +1,6 @@
 import pytest
 
+from rag.config import RAGConfig
 from rag.retrieval.diversity import DiverseRetriever
 from rag.retrieval.retriever import (
     BM25Retriever,
@@ -87,7 +88,14 @@ def test_rrf_fusion():
 
 def test_hybrid_rejects_bad_settings(small_kb):
     dense, lexical = small_kb.retriever("dense"), small_kb.retriever("bm25")
+    cfg = RAGConfig()
+    fusion = {
+        "fusion": cfg.fusion,
+        "dense_weight": cfg.dense_weight,
+        "rrf_k": cfg.rrf_k,
+        "pool": cfg.fusion_pool,
+    }
     with pytest.raises(ValueError, match="fusion"):
-        HybridRetriever(dense, lexical, fusion="max")  # type: ignore[arg-type]
+        HybridRetriever(dense, lexical, **{**fusion, "fusion": "max"})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="dense_weight"):
-        HybridRetriever(dense, lexical, dense_weight=1.5)
+        HybridRetriever(dense, lexical, **{**fusion, "dense_weight": 1.5})  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from rag.ingestion.collection import DocumentInfo
 from rag.ingestion.loaders import LoadResult
 from rag.knowledge_base import KnowledgeBase
 from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler, chat_question
-from rag.prompt.order import PrefixProbe
+from rag.prompt.order import CHUNKS_MODE_ORDER, PrefixProbe
 from rag.prompt.public import public_prefix_length
 from rag.results import Answer, Grounded, PipelineEvent, Source, Timings, Usage
 from rag.types import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
@@ -222,8 +222,10 @@ class Pipeline:
         question = chat_question(messages)
         top_k, selected = self._checked(question, top_k, collections)
 
+        order = self._order(None)
+
         def assemble(hits: list[ScoredChunk], probe: PrefixProbe | None) -> Prompt:
-            return self.assembler.assemble_chat(messages, hits, prefix_probe=probe)
+            return self.assembler.assemble_chat(messages, hits, prefix_probe=probe, order=order)
 
         return self._ground(question, top_k, namespace, selected, assemble, started)
 
@@ -285,7 +287,7 @@ class Pipeline:
         if reuse not in (None, *REUSE_MODES):
             raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, got {reuse!r}")
         return self._answer(
-            lambda: self._ground_question(question, top_k, namespace, selected), params, reuse
+            lambda: self._ground_question(question, top_k, namespace, selected, reuse), params, reuse
         )
 
     def _answer(
@@ -326,12 +328,18 @@ class Pipeline:
         return self.config.resolve_top_k(top_k), None if collections is None else _names(collections)
 
     def _ground_question(
-        self, question: str, top_k: int, namespace: str, collections: list[str] | None
+        self,
+        question: str,
+        top_k: int,
+        namespace: str,
+        collections: list[str] | None,
+        reuse: str | None = None,
     ) -> Grounded:
         started = time.perf_counter()
+        order = self._order(reuse)
 
         def assemble(hits: list[ScoredChunk], probe: PrefixProbe | None) -> Prompt:
-            return self.assembler.assemble(question, hits, prefix_probe=probe)
+            return self.assembler.assemble(question, hits, prefix_probe=probe, order=order)
 
         return self._ground(question, top_k, namespace, collections, assemble, started)
 
@@ -356,6 +364,12 @@ class Pipeline:
         assemble_ms = 1000 * (time.perf_counter() - clock)
         sources = self._sources(question, prompt.chunks, collections)
         return Grounded(prompt, sources, namespace, started, retrieve_ms, rerank_ms, assemble_ms)
+
+    def _order(self, reuse: str | None) -> str | None:
+        """The chunk order for a request in ``reuse`` mode (None: the configured one). Chunks mode
+        reuses a cached chunk wherever it stands: its order is the one answers are best in."""
+        chunks = (reuse or self.config.engine.reuse) == "chunks" and self.engine.capabilities.chunk_reuse
+        return CHUNKS_MODE_ORDER if chunks else None
 
     def _sources(
         self, question: str, chunks: Sequence[ChunkLike], collections: list[str] | None

@@ -54,6 +54,7 @@ from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import Reranker
 from rag.retrieval.retriever import DenseRetriever, Retriever, check_query
+from rag.retrieval.windows import ChunkText, WindowVectors
 from rag.types import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
 
 __all__ = ["IngestStats", "KnowledgeBase", "SearchResult"]
@@ -130,6 +131,7 @@ class KnowledgeBase:
         self.embedder = embedder or make_embedder(cfg)
         self.chunker = chunker or Chunker(cfg.tokenizer_model, cfg.chunk_size, cfg.chunk_overlap)
         self._reranker = reranker
+        self._windows = WindowVectors(self.embedder, self.chunker)
         self._collections: dict[str, Collection] = {}
         self._saved: dict[str, tuple[Path, int]] = {}  # name -> (folder last saved to, changes then)
         self._lock = threading.RLock()
@@ -170,8 +172,9 @@ class KnowledgeBase:
             new_chunks = {doc.id: self._chunk(doc, name) for doc, _ in changed}
             to_embed = [c for chunks in new_chunks.values() for c in chunks if self._must_embed(coll, c)]
             vectors = self._embed([self.search_text(c) for c in to_embed], show_progress)
+            windows = self._windows.embed(to_embed) if self.keeps_windows and to_embed else None
             removed = sum(coll.replace(doc, digest, new_chunks[doc.id]) for doc, digest in changed)
-            coll.index_new(to_embed, vectors, [self.search_text(c) for c in to_embed])
+            coll.index_new(to_embed, vectors, [self.search_text(c) for c in to_embed], windows)
             self._collections.setdefault(name, coll)
             self.last_ingest = IngestStats(
                 added=len(changed) - updates,
@@ -344,8 +347,37 @@ class KnowledgeBase:
     def reranker(self) -> Reranker:
         """The reranker: the one passed in, else the one the config names."""
         if self._reranker is None:
-            self._reranker = make_reranker(self.config, self.embedder, self.chunker)
+            self._reranker = make_reranker(self.config, self.embedder, self.chunker, windows=self)
         return self._reranker
+
+    @property
+    def keeps_windows(self) -> bool:
+        """Whether indexing a chunk also embeds its windows (the configured reranker reads them)."""
+        return self.config.reranker == "embedding"
+
+    def window_vectors(self, chunks: Sequence[ChunkText]) -> list[np.ndarray]:
+        """Each chunk's window vectors (``rag.retrieval.windows``), as computed when it was indexed; a
+        chunk without them (an index saved before they existed) gets them now, kept for the next
+        time and written by the next save."""
+        with self._lock:
+            owners = [self._owner(c) for c in chunks]
+            missing: dict[str, tuple[Collection, ChunkText]] = {}
+            for chunk, coll in zip(chunks, owners, strict=True):
+                if chunk.chunk_id not in coll.windows:
+                    missing.setdefault(chunk.chunk_id, (coll, chunk))
+            if missing:
+                self._keep_windows(list(missing.values()))
+            return [coll.windows[c.chunk_id] for c, coll in zip(chunks, owners, strict=True)]
+
+    def fill_windows(self, *, show_progress: bool = False) -> int:
+        """Compute the window vectors every chunk lacks (an index saved without them); returns how
+        many chunks got theirs (a save then writes them)."""
+        with self._lock:
+            missing = [(coll, c) for coll in self._collections.values() for c in coll.chunks.values()
+                       if c.chunk_id not in coll.windows]  # fmt: skip
+            for i in range(0, len(missing), _EMBED_CALL):
+                self._keep_windows(missing[i : i + _EMBED_CALL], show_progress)
+            return len(missing)
 
     def search_text(self, chunk: Chunk) -> str:
         """What is embedded and BM25-indexed for a chunk: its text, after its title when configured."""
@@ -423,6 +455,24 @@ class KnowledgeBase:
             chunks = [c.model_copy(update={"metadata": {**c.metadata, "title": title}}) for c in chunks]
         return chunks
 
+    def _owner(self, chunk: ChunkText) -> Collection:
+        """The collection holding ``chunk`` (by its ``collection``, else the one that has its id)."""
+        name = getattr(chunk, "collection", None)
+        coll = self._collections.get(name) if isinstance(name, str) else None
+        if coll is not None and chunk.chunk_id in coll.chunks:
+            return coll
+        for coll in self._collections.values():
+            if chunk.chunk_id in coll.chunks:
+                return coll
+        raise ValueError(f"chunk {chunk.chunk_id!r} is in no collection of this knowledge base")
+
+    def _keep_windows(
+        self, pairs: Sequence[tuple[Collection, ChunkText]], show_progress: bool = False
+    ) -> None:
+        vectors = self._windows.embed([chunk for _, chunk in pairs], show_progress=show_progress)
+        for (coll, chunk), v in zip(pairs, vectors, strict=True):
+            coll.set_windows([chunk.chunk_id], [v])
+
     def _must_embed(self, coll: Collection, chunk: Chunk) -> bool:
         old = coll.chunks.get(chunk.chunk_id)
         return old is None or self.search_text(old) != self.search_text(chunk)
@@ -457,7 +507,9 @@ class KnowledgeBase:
             if name in self._collections
             and self._saved.get(name) == (folder, self._collections[name].changes)
         }
-        return write_index(directory, self.config, list(self._collections.values()), unchanged)
+        return write_index(
+            directory, self.config, list(self._collections.values()), unchanged, self._windows.settings
+        )
 
     def _remember(self, version: Path, folders: dict[str, str]) -> None:
         """Record which folder of ``version`` holds each collection as it is now."""
@@ -471,5 +523,8 @@ class KnowledgeBase:
         self._collections = {}
         for part in saved.collections:
             coll = Collection(part.name, self._new_index)
-            coll.adopt(part.records, part.chunks, part.index, self.search_text)
+            same = part.window_settings == self._windows.settings  # else computed again when needed
+            coll.adopt(
+                part.records, part.chunks, part.index, self.search_text, part.windows if same else None
+            )
             self._collections[part.name] = coll

@@ -2,7 +2,9 @@
 
 The knowledge base keeps one per name. A collection's search touches only its own vectors and its
 own BM25 statistics, so searching it gives exactly what indexing its documents alone would give, and
-no other collection's content (or term frequencies) can move its results.
+no other collection's content (or term frequencies) can move its results. Each chunk may also carry
+its window vectors (``windows``: what the embedding reranker reads, ``rag.retrieval.windows``),
+dropped with the chunk or when its text changes.
 
 Example:
     >>> coll = Collection("alice", lambda: VectorIndex(dim=384))           # doctest: +SKIP
@@ -60,6 +62,7 @@ class Collection:
         self.docs: dict[str, DocumentRecord] = {}
         self.chunks: dict[str, Chunk] = {}
         self.bm25 = BM25Index()
+        self.windows: dict[str, np.ndarray] = {}  # chunk id -> [windows, dim] window vectors
         self.changes = 0  # bumped by every mutation: what a save compares to reuse unchanged files
         self._make_index = make_index
         self._index: VectorIndex | None = None  # created when first needed (the embedder's dim)
@@ -105,6 +108,9 @@ class Collection:
         stale = [c for c in (old.chunk_ids if old else []) if c not in keep]
         self.drop_chunks(stale)
         for chunk in chunks:
+            before = self.chunks.get(chunk.chunk_id)
+            if before is not None and _window_text(before) != _window_text(chunk):
+                self.windows.pop(chunk.chunk_id, None)  # its windows read the old title
             self.chunks[chunk.chunk_id] = chunk  # refreshed metadata; vectors kept unless re-embedded
         self.docs[doc.id] = DocumentRecord(doc, digest, new_ids)
         self.changes += 1
@@ -126,16 +132,36 @@ class Collection:
         self.bm25.delete(chunk_ids)
         for chunk_id in chunk_ids:
             self.chunks.pop(chunk_id, None)
+            self.windows.pop(chunk_id, None)
         self.changes += 1
 
-    def index_new(self, chunks: Sequence[Chunk], vectors: np.ndarray, texts: Sequence[str]) -> None:
-        """Index freshly embedded chunks (a re-embedded chunk replaces its old vector)."""
+    def index_new(
+        self,
+        chunks: Sequence[Chunk],
+        vectors: np.ndarray,
+        texts: Sequence[str],
+        windows: Sequence[np.ndarray] | None = None,
+    ) -> None:
+        """Index freshly embedded chunks (a re-embedded chunk replaces its old vector and, when
+        ``windows`` are given, its window vectors; otherwise its old ones are dropped)."""
         if not chunks:
             return
         ids = [c.chunk_id for c in chunks]
         self.index.delete(ids)
         self.index.add(ids, vectors)
         self.bm25.add(ids, texts)
+        for n, chunk_id in enumerate(ids):
+            if windows is None:
+                self.windows.pop(chunk_id, None)
+            else:
+                self.windows[chunk_id] = windows[n]
+        self.changes += 1
+
+    def set_windows(self, chunk_ids: Sequence[str], windows: Sequence[np.ndarray]) -> None:
+        """Keep window vectors computed for chunks of this collection (a later save writes them)."""
+        for chunk_id, vectors in zip(chunk_ids, windows, strict=True):
+            if chunk_id in self.chunks:
+                self.windows[chunk_id] = vectors
         self.changes += 1
 
     def adopt(
@@ -144,11 +170,18 @@ class Collection:
         chunks: dict[str, Chunk],
         index: VectorIndex,
         search_text: Callable[[Chunk], str],
+        windows: dict[str, np.ndarray] | None = None,
     ) -> None:
         """Take over what was read from disk; BM25 is rebuilt from the chunk texts (it is not saved)."""
         self.docs = {r.doc.id: r for r in records}
         self.chunks = chunks
+        self.windows = {k: v for k, v in (windows or {}).items() if k in chunks}
         self._index = index
         self.bm25 = BM25Index()
         ids = list(chunks)
         self.bm25.add(ids, [search_text(chunks[c]) for c in ids])
+
+
+def _window_text(chunk: Chunk) -> tuple[str, object]:
+    """What a chunk's window vectors are computed from."""
+    return chunk.text, chunk.metadata.get("title")

@@ -6,6 +6,9 @@
       documents.json every document with its digest and chunk ids, in insertion order
       chunks.json    every chunk
       <FAISS files>  the vector index (``VectorIndex.write``)
+      windows.npy    optional: the chunks' window vectors for the embedding reranker, stacked
+      windows.json   their settings and each chunk's rows (an index without them loads as it is;
+                     they are computed when first needed)
 
 A collection unchanged since the previous version is hard-linked from it rather than rewritten
 (files are never modified in place, so versions can share them). Format 1 (before collections) held
@@ -22,9 +25,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from rag.config import RAGConfig
 from rag.ingestion.collection import Collection, DocumentRecord
@@ -50,14 +55,20 @@ _BUILT_BEFORE = {"long_chunks": "truncate"}
 _NOT_SAVED = {"index_dir", "engine"}
 
 
+WINDOWS_NPY, WINDOWS_JSON = "windows.npy", "windows.json"
+
+
 @dataclass
 class SavedCollection:
-    """One collection as read from disk."""
+    """One collection as read from disk (``windows``: the window vectors saved with it, and the
+    settings they were computed with; empty for an index saved without them)."""
 
     name: str
     records: list[DocumentRecord]
     chunks: dict[str, Chunk]
     index: VectorIndex
+    windows: dict[str, np.ndarray] = field(default_factory=dict)
+    window_settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -73,12 +84,14 @@ def write_index(
     config: RAGConfig,
     collections: Sequence[Collection],
     unchanged: Mapping[str, Path] | None = None,
+    window_settings: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """Write one complete version into ``directory`` (the caller makes it durable and publishes it);
     return each collection's folder name.
 
     Empty collections are left out. ``unchanged`` maps a collection name to the folder of a previous
     version that already holds exactly its files: they are hard-linked instead of written again.
+    ``window_settings``: what the collections' window vectors were computed with (saved beside them).
     """
     unchanged = unchanged or {}
     entries: list[dict[str, Any]] = []
@@ -89,7 +102,7 @@ def write_index(
         if source is not None:
             _link_files(source, directory / folder)
         else:
-            _write_collection(directory / folder, collection)
+            _write_collection(directory / folder, collection, window_settings or {})
         entries.append(
             {
                 "name": collection.name,
@@ -151,7 +164,7 @@ def check_compatible(config: RAGConfig, saved: RAGConfig, where: Path) -> RAGCon
     return config.model_copy(update={name: getattr(saved, name) for name in INGEST_FIELDS})
 
 
-def _write_collection(folder: Path, collection: Collection) -> None:
+def _write_collection(folder: Path, collection: Collection, window_settings: Mapping[str, Any]) -> None:
     docs = [
         {"doc": r.doc.model_dump(mode="json"), "digest": r.digest, "chunk_ids": r.chunk_ids}
         for r in collection.docs.values()
@@ -159,6 +172,29 @@ def _write_collection(folder: Path, collection: Collection) -> None:
     _write_json(folder / "documents.json", docs)
     _write_json(folder / "chunks.json", [c.model_dump(mode="json") for c in collection.chunks.values()])
     collection.index.write(folder)
+    if collection.windows:
+        _write_windows(folder, collection.windows, window_settings)
+
+
+def _write_windows(folder: Path, windows: Mapping[str, np.ndarray], settings: Mapping[str, Any]) -> None:
+    rows: dict[str, list[int]] = {}
+    start = 0
+    for chunk_id, vectors in windows.items():
+        rows[chunk_id] = [start, len(vectors)]
+        start += len(vectors)
+    with open(folder / WINDOWS_NPY, "wb") as f:
+        np.save(f, np.concatenate(list(windows.values())).astype(np.float32), allow_pickle=False)
+    _write_json(folder / WINDOWS_JSON, {"settings": dict(settings), "rows": rows})
+
+
+def _read_windows(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The window vectors saved in a collection folder and their settings (empty when there are none)."""
+    if not (folder / WINDOWS_JSON).is_file():
+        return {}, {}
+    meta = json.loads((folder / WINDOWS_JSON).read_text(encoding="utf-8"))
+    stacked = np.load(folder / WINDOWS_NPY, allow_pickle=False)  # [windows, dim]
+    windows = {chunk_id: stacked[a : a + n] for chunk_id, (a, n) in meta["rows"].items()}
+    return windows, dict(meta["settings"])
 
 
 def _read_collection(name: str, folder: Path, config: RAGConfig) -> SavedCollection:
@@ -171,7 +207,8 @@ def _read_collection(name: str, folder: Path, config: RAGConfig) -> SavedCollect
     missing = set(by_id) - set(index.keys())
     if missing:
         raise ValueError(f"{folder}: {len(missing)} chunks have no vector (e.g. {sorted(missing)[0]!r})")
-    return SavedCollection(name, records, by_id, index)
+    windows, settings = _read_windows(folder)
+    return SavedCollection(name, records, by_id, index, windows, settings)
 
 
 def _link_files(source: Path, target: Path) -> None:

@@ -116,23 +116,20 @@ class BenchConfig(BaseModel):
     quick: bool = False
     # chunks section (reuse="chunks": TTFT, reuse and fidelity to full prefill)
     chunks_section: bool = True
-    chunks_requests: int = Field(default=24, ge=2, description="TTFT: the first n requests of the stream")
+    chunks_requests: int = Field(default=16, ge=2, description="TTFT: the first n requests of the stream")
     chunks_budgets: tuple[float, ...] = Field(
         default=(0.1, 0.2, 0.3), description="recompute shares, each run with 'first' and 'deviation'"
     )
     chunks_fidelity_prompts: int = Field(
-        default=8, ge=1, description="stream prompts compared to full prefill"
+        default=4, ge=1, description="stream prompts compared to full prefill (answers: the quality section)"
     )
     chunks_answer_tokens: int = Field(default=64, ge=1, description="greedy answer length compared")
     chunks_kl_positions: int = Field(default=16, ge=1, description="answer positions scored (teacher-forced)")
-    chunks_needles: int = Field(default=12, ge=1)
-    chunks_needle_distractors: int = Field(default=3, ge=1, description="corpus chunks beside each needle")
-    chunks_needle_tokens: int = Field(default=24, ge=1, description="answer length of a needle question")
     # answer-quality section (the QA set: accuracy and agreement with full prefill per setting)
     quality_section: bool = True
-    quality_questions: int = Field(default=48, ge=1, description="QA items in the stream (every setting)")
+    quality_questions: int = Field(default=24, ge=1, description="QA items in the stream (every setting)")
     quality_matrix_questions: int = Field(
-        default=12,
+        default=6,
         ge=0,
         description="of those, evenly spread, the ones the full-prefill variants (other orders, weights, KV "
         "formats, reranker) run on (0: none)",
@@ -215,8 +212,6 @@ class BenchConfig(BaseModel):
             "chunks_fidelity_prompts": 1,
             "chunks_answer_tokens": 8,
             "chunks_kl_positions": 4,
-            "chunks_needles": 1,
-            "chunks_needle_distractors": 1,
             "quality_questions": 3,
             "quality_matrix_questions": 0,
             "quality_kl_positions": 4,

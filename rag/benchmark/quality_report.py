@@ -93,7 +93,9 @@ def _intro(s: dict[str, Any]) -> str:
             f"model judges). Greedy answers of up to {s['answer_tokens']} tokens with the pipeline's sampling; "
             f"'first {s['agreement_tokens']} equal' and 'whole equal' compare a setting's answer tokens with full "
             f"prefill's; KL is the mean KL(full prefill || setting) over full prefill's first {s['kl_positions']} "
-            "answer positions, teacher-forced. TTFT is the engine's (prefill, queue excluded). Intervals are 95% "
+            "answer positions, teacher-forced. The deviation estimate is the engine's own, per request "
+            "(`usage.stitch_deviation`: the question's attention share on stitched chunk KV), with its rank "
+            "correlation with KL over the questions. TTFT is the engine's (prefill, queue excluded). Intervals are 95% "
             "bootstrap intervals over questions; 'vs full prefill' is the paired difference on the same questions. "
             f"Rows marked * ran on an evenly spread slice of {s['matrix_questions']} questions. Warming prefilled "
             f"{warm['warmed']} chunk placements ({warm['tokens']:,} tokens) in {warm['seconds']:.0f} s; the "
@@ -107,7 +109,7 @@ def _table(s: dict[str, Any]) -> str:
     lines = [
         f"| setting | questions | accuracy [95% CI] | vs full prefill [95% CI] | first {k} equal | whole equal "
         "| KL (nats) | TTFT mean / p50 | token hit rate | reused (exact + stitched) | recomputed of stitched "
-        "| deviation estimate |",
+        "| deviation estimate (rank corr. with KL) |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in s["settings"].items():
@@ -119,7 +121,7 @@ def _table(s: dict[str, Any]) -> str:
             f"| {_signed(r['vs_reference'])} {_ci(r['vs_reference_ci'], signed=True)} | {_pct(r['agreement'])} "
             f"| {_pct(r['exact'])} | {_num(r['kl_mean'], 4)} | {_num(r['ttft_s_mean'], 2)} / "
             f"{_num(r['ttft_s_p50'], 2)} s | {_pct(r['hit_rate'])} | {_pct(r['reuse_share'])} "
-            f"| {_pct(r['recomputed_share']) if r['reuse'] == 'chunks' else '-'} | {_num(r['deviation_mean'], 3)} |"
+            f"| {_pct(r['recomputed_share']) if r['reuse'] == 'chunks' else '-'} | {_estimate(r)} |"
         )
     return "\n".join(lines)
 
@@ -146,6 +148,12 @@ def _positions(s: dict[str, Any]) -> str:
             + " |"
         )
     return "\n".join(lines)
+
+
+def _estimate(r: dict[str, Any]) -> str:
+    if r["reuse"] != "chunks":
+        return "-"
+    return f"{_num(r['deviation_mean'], 3)} ({_num(r['deviation_kl_spearman'], 2)})"
 
 
 def _targets_table(targets: list[dict[str, Any]]) -> str:

@@ -5,7 +5,8 @@
 * prefix mode (exact) under each chunk order: the default ``cache`` order after ``Pipeline.warm()``
   (every chunk placement cached, as after ``prefixrag ingest --warm``), and each order on a cold
   cache, where only the stream itself fills it;
-* chunks mode after warming, at each recompute strategy and budget (equal budgets side by side);
+* chunks mode after warming, at each recompute strategy and budget (equal budgets side by side: every
+  strategy at the default budget on every question, the other budgets on the matrix slice);
 * float32 / bfloat16 / int8 weights and each KV storage format, as full prefill;
 * full prefill with the embedding reranker in the corpus questions' retrieval.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.chunks.reuse import STRATEGIES, ChunkReuse
+from engine.chunks.reuse import DEFAULT_SHARE, SHARED_STRATEGIES, STRATEGIES, ChunkReuse
 from rag.benchmark.config import BenchConfig
 from rag.prompt.order import CHUNKS_MODE_ORDER, ORDERS
 
@@ -62,13 +63,13 @@ ENGINE_OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def chunk_settings(budgets: tuple[float, ...], strategies: tuple[str, ...] = STRATEGIES) -> list[ChunkReuse]:
-    """The naive stitch, then every other strategy at each budget (equal budgets), the engine's
-    default setting among them."""
+    """The fixed-set strategies (the naive stitch, one token per boundary), then every budgeted one at
+    each budget (equal budgets), the engine's default setting among them."""
     default = ChunkReuse()
     shares = sorted({*budgets, default.share})
-    out = [ChunkReuse("none", 0.0)] if "none" in strategies else []
+    out = [ChunkReuse(s, 0.0) for s in strategies if s not in SHARED_STRATEGIES]  # type: ignore[arg-type]
     for strategy in strategies:
-        if strategy != "none":
+        if strategy in SHARED_STRATEGIES:
             out += [ChunkReuse(strategy, share) for share in shares]  # type: ignore[arg-type]
     return out
 
@@ -90,8 +91,16 @@ def quality_settings(config: BenchConfig) -> list[QualitySetting]:
         )
         for order in ORDERS
     ]
-    rows += [
-        QualitySetting(f"chunks, {s.label}", "chunks", WARM, CHUNKS_MODE_ORDER, s, WARM_NAMESPACE)
+    rows += [  # every strategy at the default budget on every question, the other budgets on the slice
+        QualitySetting(
+            f"chunks, {s.label}",
+            "chunks",
+            WARM,
+            CHUNKS_MODE_ORDER,
+            s,
+            WARM_NAMESPACE,
+            matrix=s.strategy in SHARED_STRATEGIES and s.share != DEFAULT_SHARE,
+        )
         for s in chunk_settings(config.quality_budgets, config.quality_strategies)
     ]
     rows += [

@@ -430,10 +430,7 @@ def _total_steps(config: BenchConfig) -> int:
     weights = config.weights_repeats + 4 + config.fidelity_prompts if config.weights_section else 0
     steady = int(config.steady_factor > 1)
     chunks = (
-        1
-        + min(config.chunks_requests, config.requests)
-        + config.chunks_fidelity_prompts
-        + config.chunks_needles
+        1 + min(config.chunks_requests, config.requests) + config.chunks_fidelity_prompts
         if config.chunks_section
         else 0
     )

@@ -53,9 +53,6 @@ TINY = BenchConfig.quick_run(
     chunks_fidelity_prompts=1,
     chunks_answer_tokens=4,
     chunks_kl_positions=2,
-    chunks_needles=2,
-    chunks_needle_distractors=1,
-    chunks_needle_tokens=4,
     quality_questions=3,
     quality_matrix_questions=1,
     quality_answer_tokens=6,
@@ -301,7 +298,6 @@ def test_chunks_section_measures_every_mode_and_setting(run):
     for label, f in section["fidelity"].items():
         assert f["prompts"] == 1 and f["kl_mean"] >= -1e-6, label  # KL >= 0 up to rounding
         assert 0 <= f["rouge_l"] <= 1 and f["first_token_agreement"] in (0.0, 1.0)
-    assert section["needle_info"]["needles"] == 2 and section["needle_info"]["positions"] == [1, 2]
     report = (out / "report.md").read_text()
     assert "## Chunk reuse beyond the prefix" in report
     assert report.count("| chunks warm, ") == len(section["settings"])

@@ -444,7 +444,10 @@ def bench(
         help="answer accuracy and agreement with full prefill per setting, on the QA set",
     ),
     quality_questions: int = typer.Option(
-        None, "--quality-questions", min=1, help="QA questions the quality section asks (default 24; quick 3; the set holds 207)"
+        None,
+        "--quality-questions",
+        min=1,
+        help="QA questions the quality section asks (default 24; quick 3; the set holds 207)",
     ),
     retrieval_section: bool = typer.Option(
         None,

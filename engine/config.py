@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.chunks.reuse import (
     DEFAULT_SELECT_LAYER,
@@ -20,6 +21,7 @@ from engine.models import DEFAULT_MODEL
 from prefix_cache import CacheConfig
 from prefix_cache.eviction import DEFAULT_ATTENTION_WINDOW
 
+REDIS_SCHEMES = ("redis", "rediss", "unix")  # what the redis client connects to
 WeightsFormat = Literal["float32", "int8"]
 
 
@@ -124,6 +126,31 @@ class EngineConfig(BaseModel):
         ge=0,
         description="byte budget of the disk tier (least recently used blocks go first); 0 disables it",
     )
+    remote_cache_url: str | None = Field(
+        default=None,
+        description="redis://[user:password@]host:port/db (or rediss://, unix://) of the remote KV tier "
+        "under the disk tier (None: off). Engines of one model on every host that name the same Redis "
+        "share their KV blocks; Redis's own eviction bounds it (maxmemory with maxmemory-policy "
+        "allkeys-lru)",
+    )
+    remote_cache_timeout_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=30,
+        description="bound on every call to the remote tier (connect, read, write); a slower or failed "
+        "call is a miss, and the tier is skipped for a while before it is tried again",
+    )
+
+    @field_validator("remote_cache_url")
+    @classmethod
+    def _redis_url(cls, url: str | None) -> str | None:
+        if not url:  # unset, or set empty (PREFIXRAG_ENGINE__REMOTE_CACHE_URL=): off
+            return None
+        if urlsplit(url).scheme not in REDIS_SCHEMES:
+            raise ValueError(
+                f"remote_cache_url must start with one of {', '.join(s + '://' for s in REDIS_SCHEMES)}"
+            )
+        return url
 
     def cache_config(self) -> CacheConfig:
         """The prefix cache's settings (budget, page size, eviction policy and its parameters).

@@ -49,7 +49,8 @@ from engine.runner import ModelRunner, prefix_reuse_blocker
 from engine.runners import Runner, stitching_runner
 from engine.sampling import SamplingParams, sample
 from engine.scheduler import Scheduler
-from engine.tiers.disk import open_disk_tier
+from engine.tiers.chain import open_tiers
+from engine.tiers.tier import KVTier
 from engine.warm import WarmResult, warm_prompts
 from prefix_cache import RadixCache
 
@@ -95,13 +96,13 @@ class Engine:
         self.scheduler = Scheduler(
             self._probe, max_waiting=self.config.max_waiting, aging_rate=self.config.aging_rate
         )
-        self.disk = open_disk_tier(self, model) if self.caching else None
+        self.tiers = open_tiers(self, model)  # disk, remote: under the RAM cache, one chain
         self.chunks_blocker = chunks_unsupported_reason(self.runner, self.caching)
         if self.config.reuse == "chunks" and self.chunks_blocker:
             log.warning("reuse='chunks' falls back to 'prefix' for %s: %s", model_id, self.chunks_blocker)
         stitching = stitching_runner(self.runner) if self.chunks_blocker is None else None
         self.stitcher = (
-            ChunkStitcher(self.cache, stitching, self.buffers, self.disk) if stitching is not None else None
+            ChunkStitcher(self.cache, stitching, self.buffers, self.tiers) if stitching is not None else None
         )
         self.capabilities = BackendCapabilities(
             prefix_probe=True, public_prefix=True, chunk_reuse=self.stitcher is not None, local_cache=True
@@ -363,8 +364,13 @@ class Engine:
                 "kv_dtype": self.config.kv_dtype,
                 "bytes_per_token": self.kv_codec.bytes_per_token(self.kv_geometry),
             },
-            "disk": self.disk.stats() if self.disk is not None else None,
+            **self.tiers.stats(),  # "disk", "remote": each tier's figures, or None
         }
+
+    @property
+    def disk(self) -> KVTier | None:
+        """The disk tier, if the engine has one (requests reach it through ``self.tiers``)."""
+        return self.tiers.get("disk")
 
     def reset_cache(self) -> None:
         self.cache.reset()
@@ -372,7 +378,7 @@ class Engine:
     def flush_tiers(self, timeout_s: float = TIER_FLUSH_TIMEOUT_S) -> bool | None:
         """Wait until the tiers under the RAM cache hold every block written so far: True when they
         do, False on timeout, None without a tier."""
-        return self.disk.flush(timeout_s) if self.disk is not None else None
+        return self.tiers.flush(timeout_s)
 
     def close(self) -> None:
         """Stop the worker; waiting requests fail with EngineError."""
@@ -384,8 +390,7 @@ class Engine:
         for req in self.scheduler.drain():
             self._fail(req, EngineError("engine closed"))
         self.buffers.clear()
-        if self.disk is not None:
-            self.disk.close()
+        self.tiers.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -442,9 +447,9 @@ class Engine:
         req.buffer = self.buffers.take(self.runner.new_buffer, len(ids) + min(req.max_new_tokens, 512))
         req.cached_tokens = req.buffer.load_prefix(match.values)
         clock = req.phase("load", clock)
-        if self.disk is not None:  # the disk tier extends the RAM match by whole blocks, same cap
-            req.cached_tokens += self.disk.extend(req.buffer, ids, req.namespace, limit=len(ids) - 1)
-            clock = req.phase("disk", clock)
+        if self.tiers:  # the tiers under RAM extend its match, same cap
+            req.cached_tokens += self.tiers.extend(req.buffer, ids, req.namespace, limit=len(ids) - 1)
+            clock = req.phase("tiers", clock)
         exact = req.cached_tokens
         plan = plan_stitch(len(ids), req.chunk_spans, exact) if req.chunk_reuse else None
         logits = self._prefill(req, ids[exact : plan.exact_end if plan else len(ids)])
@@ -512,8 +517,7 @@ class Engine:
         try:
             for key, kv in stitched.kv.placements:
                 self.cache.insert(key, kv, namespace=req.namespace)
-                if self.disk is not None:
-                    self.disk.persist(req.namespace, key)
+                self.tiers.persist(req.namespace, key)
         finally:
             assert self.stitcher is not None
             self.stitcher.recycle(stitched)
@@ -529,13 +533,11 @@ class Engine:
         kv = req.buffer.segment(0, length, self.kv_blocks)
         tokens = req.all_ids[:length]
         self.cache.insert(tokens, kv, namespace=req.namespace)
-        if self.disk is not None:
-            self.disk.persist(req.namespace, tokens)  # write-behind: the writer thread does the IO
+        self.tiers.persist(req.namespace, tokens)  # write-behind: each tier's writer thread does the IO
         public = min(length, req.public_tokens)
         if public:  # only what was vouched public reaches the shared namespace
             self.cache.insert(tokens[:public], req.buffer.segment(0, public, self.kv_blocks), self._public)
-            if self.disk is not None:
-                self.disk.persist(self._public, tokens[:public])
+            self.tiers.persist(self._public, tokens[:public])
         req.phases["insert"] = req.phases.get("insert", 0.0) + time.perf_counter() - clock
 
     def _match(self, req: Request) -> Any:

@@ -1,4 +1,4 @@
-"""Warming: prefill a list of prompts into the prefix cache (and its disk tier) before traffic arrives.
+"""Warming: prefill a list of prompts into the prefix cache (and the tiers under it) before traffic arrives.
 
 Example:
     >>> result = engine.warm(["You are a helpful assistant."], namespace="team-a")  # doctest: +SKIP
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class WarmResult:
     """What a warm-up did: prompts and their tokens, how many were already cached (so not computed),
-    and whether the disk tier finished writing (None: the engine has none)."""
+    and whether the tiers under RAM (disk, remote) finished writing (None: the engine has none)."""
 
     prompts: int
     prompt_tokens: int

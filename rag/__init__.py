@@ -2,7 +2,6 @@
 
 from rag.config import RAGConfig
 from rag.ingestion.chunking import Chunker
-from rag.ingestion.collection import DocumentInfo
 from rag.ingestion.loaders import LoadResult, SkippedFile, load_paths, load_python_reference
 from rag.knowledge_base import IngestStats, KnowledgeBase, SearchResult
 from rag.pipeline import Answer, Pipeline, PipelineEvent, Source, Timings, Usage
@@ -11,7 +10,7 @@ from rag.retrieval.embedder import DEFAULT_EMBEDDER, Embedder
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import CrossEncoderReranker, EmbeddingReranker, NoReranker, Reranker
 from rag.retrieval.retriever import BM25Retriever, DenseRetriever, HybridRetriever, Retriever
-from rag.types import Chunk, Document, ScoredChunk
+from rag.types import Chunk, Document, DocumentInfo, ScoredChunk
 
 __all__ = [
     "DEFAULT_EMBEDDER",

@@ -17,6 +17,11 @@ app = typer.Typer(
 console = Console()
 
 INDEX_HELP = "index directory (default: $PREFIXRAG_HOME/indexes/default)"
+STORE_HELP = (
+    "a shared document store instead of the index directory: postgresql://user:password@host:port/db "
+    "(env PREFIXRAG_DOCUMENT_STORE)"
+)
+STORE_ENV = "PREFIXRAG_DOCUMENT_STORE"
 COLLECTION_HELP = "the collection to add to (default: 'default'); e.g. 'shared', which every tenant reads"
 # what `serve` and `demo` run when neither --weights nor PREFIXRAG_ENGINE__WEIGHTS says: float32, because
 # int8's greedy answers drift from float32's on most prompts (the benchmark's weights section), and an
@@ -42,6 +47,32 @@ def _index_dir(index: Path | None) -> Path:
     from engine.paths import prefixrag_home
 
     return (index or prefixrag_home() / "indexes" / "default").expanduser()
+
+
+def _store_fields(index: Path | None, document_store: str | None) -> dict[str, Any]:
+    """The RAGConfig fields naming where documents live: the shared store, else the index directory."""
+    if document_store:
+        if index is not None:
+            console.print("[red]error:[/] --index and --document-store name two stores: give one of them")
+            raise typer.Exit(2)
+        return {"document_store": document_store}
+    return {"index_dir": _index_dir(index)}
+
+
+def _open_pipeline(config: Any, *, write: bool) -> Any:
+    """The pipeline on ``config``'s store (claimed for writing when ``write``), or exit 2 naming
+    what is wrong with the store."""
+    from rag.pipeline import Pipeline
+    from rag.stores import StoreError
+
+    try:
+        pipeline = Pipeline.from_config(config)
+        if write:
+            pipeline.kb.store.claim()  # now, not after embedding: another writer may hold it
+    except (StoreError, ValueError, OSError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    return pipeline
 
 
 def _app_engine(engine: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -90,6 +121,7 @@ def _main() -> None:
 def ingest(
     paths: list[Path] = typer.Argument(..., help="files (.txt .md .html .pdf) and folders, recursively"),
     index: Path = typer.Option(None, "--index", help=INDEX_HELP),
+    document_store: str = typer.Option(None, "--document-store", help=STORE_HELP, envvar=STORE_ENV),
     collection: str = typer.Option("default", "--collection", help=COLLECTION_HELP),
     warm: bool = typer.Option(
         False,
@@ -103,37 +135,38 @@ def ingest(
     from pydantic import ValidationError
 
     from rag.config import RAGConfig
-    from rag.pipeline import Pipeline
 
-    target = _index_dir(index)
+    where = _store_fields(index, document_store)
     try:  # warming prefills for the engine `serve` runs, into the disk tier it reads
-        config = (
-            RAGConfig(index_dir=target, engine=_app_settings().engine)
-            if warm
-            else RAGConfig(index_dir=target)
-        )
+        config = RAGConfig(**where, engine=_app_settings().engine) if warm else RAGConfig(**where)
     except ValidationError as exc:
         console.print(f"[red]invalid settings:[/] {exc}")
         raise typer.Exit(2) from exc
-    pipeline = Pipeline.from_config(config)
+    pipeline = _open_pipeline(config, write=True)
     try:
-        result = pipeline.ingest(paths, collection=collection, show_progress=True)
-    except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
-    stats = pipeline.kb.last_ingest
-    if pipeline.kb.keeps_windows:  # chunks indexed before window vectors existed get theirs now
-        pipeline.kb.fill_windows(show_progress=True)
-    pipeline.save(target)
-    console.print(
-        f"{stats.added} added, {stats.updated} updated, {stats.unchanged} unchanged "
-        f"({stats.chunks_embedded} chunks embedded, {stats.seconds:.1f} s) -> {target} (collection {collection})"
-    )
-    for skipped in result.skipped:
-        console.print(f"[yellow]skipped[/] {skipped.path}: {skipped.reason}")
-    if warm:
-        report = pipeline.warm(show_progress=True)
-        console.print(warm_summary(report))
+        try:
+            result = pipeline.ingest(paths, collection=collection, show_progress=True)
+        except (FileNotFoundError, ValueError) as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from exc
+        stats = pipeline.kb.last_ingest
+        # chunks indexed before window vectors existed get theirs now, saved with the index directory
+        # (the embedding reranker reads them; a shared store's readers fill theirs in memory)
+        local = "index_dir" in where
+        if local and pipeline.kb.keeps_windows and pipeline.kb.fill_windows(show_progress=True):
+            pipeline.save()
+        console.print(
+            f"{stats.added} added, {stats.updated} updated, {stats.unchanged} unchanged "
+            f"({stats.chunks_embedded} chunks embedded, {stats.seconds:.1f} s) -> "
+            f"{pipeline.kb.store.location} (collection {collection})"
+        )
+        for skipped in result.skipped:
+            console.print(f"[yellow]skipped[/] {skipped.path}: {skipped.reason}")
+        if warm:
+            report = pipeline.warm(show_progress=True)
+            console.print(warm_summary(report))
+    finally:
+        pipeline.close()
 
 
 def warm_summary(report: Any) -> str:
@@ -151,6 +184,7 @@ def warm_summary(report: Any) -> str:
 def ask(
     question: str = typer.Argument(..., help="the question"),
     index: Path = typer.Option(None, "--index", help=INDEX_HELP),
+    document_store: str = typer.Option(None, "--document-store", help=STORE_HELP, envvar=STORE_ENV),
     top_k: int = typer.Option(
         None, "--top-k", min=1, max=64, help="chunks to ground the answer on (default: RAGConfig.top_k)"
     ),
@@ -163,16 +197,22 @@ def ask(
     ),
 ) -> None:
     """Answer a question from an index: answer, sources, TTFT and cached tokens."""
+    from pydantic import ValidationError
+
     from rag.config import RAGConfig
     from rag.demo import print_sources, ttft_table
-    from rag.pipeline import Pipeline
 
-    target = _index_dir(index)
-    pipeline = Pipeline.from_config(RAGConfig(index_dir=target))
+    try:
+        config = RAGConfig(**_store_fields(index, document_store))
+    except ValidationError as exc:
+        console.print(f"[red]invalid settings:[/] {exc}")
+        raise typer.Exit(2) from exc
+    pipeline = _open_pipeline(config, write=False)
     collections = collection or None
     try:
         if not pipeline.count_documents(collections):
-            where = f"collections {', '.join(collections)} of {target}" if collections else str(target)
+            where = pipeline.kb.store.location
+            where = f"collections {', '.join(collections)} of {where}" if collections else where
             console.print(f"[yellow]note:[/] no documents in {where}; answering without sources")
         answer = None
         params = pipeline.config.sampling_params(max_tokens=max_tokens)
@@ -183,6 +223,8 @@ def ask(
     except ValueError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
+    finally:
+        pipeline.close()
     assert answer is not None
     console.print() if stream else console.print(answer.text)
     print_sources(console, answer)
@@ -235,6 +277,9 @@ def serve(
         "--index",
         help="index directory, loaded and saved (env PREFIXRAG_INDEX_DIR; default: the one `ingest` uses)",
     ),
+    document_store: str = typer.Option(
+        None, "--document-store", help=STORE_HELP + "; every replica on it serves the same documents"
+    ),
     model: str = typer.Option(None, help="registry name or HF model dir (env PREFIXRAG_ENGINE__MODEL)"),
     weights: str = typer.Option(
         None, "--weights", help=f"{WEIGHTS_HELP} (env PREFIXRAG_ENGINE__WEIGHTS; default {APP_WEIGHTS})"
@@ -246,26 +291,40 @@ def serve(
 
     from rag.api.server import serve as run_server
     from rag.api.settings import Settings
+    from rag.config import redact_url
+    from rag.stores import StoreError, probe_store
 
-    overrides: dict[str, Any] = {"host": host, "port": port, "index_dir": index}
+    given: dict[str, Any] = {"host": host, "port": port, "index_dir": index, "document_store": document_store}
+    overrides = {k: v for k, v in given.items() if v is not None}
     engine: dict[str, Any] = {"model": model} if model else {}  # merged into PREFIXRAG_ENGINE__* values
     if weights:
         engine["weights"] = weights
     overrides["engine"] = _app_engine(engine)
     try:
-        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-        if settings.index_dir is None:  # serve what `prefixrag ingest` wrote
-            settings = Settings(
-                **{k: v for k, v in overrides.items() if v is not None}, index_dir=_index_dir(None)
+        settings = Settings(**overrides)
+        if settings.index_dir is None and settings.document_store is None:  # what `ingest` wrote
+            settings = Settings(**overrides, index_dir=_index_dir(None))
+        probe_store(
+            settings.rag.model_copy(
+                update={"index_dir": settings.index_dir, "document_store": settings.document_store}
             )
+        )
     except ValidationError as exc:
         console.print(f"[red]invalid settings:[/] {exc}")
         raise typer.Exit(2) from exc
+    except StoreError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
     settings = settings.with_disk_cache_default()
     disk = settings.engine.disk_cache_dir
+    store = (
+        f"document store {redact_url(settings.document_store)}"
+        if settings.document_store
+        else f"index {settings.index_dir}"
+    )
     console.print(
         f"serving [bold]{settings.engine.model}[/] ({settings.engine.weights} weights) on "
-        f"http://{settings.host}:{settings.port} (index {settings.index_dir}; "
+        f"http://{settings.host}:{settings.port} ({store}; "
         f"disk KV tier {disk if disk is not None else 'off'})"
     )
     run_server(settings, log_level=log_level)
@@ -379,8 +438,20 @@ def bench_collections(
     collections: int = typer.Option(50, "--collections", min=2, help="collections they are spread over"),
     queries: int = typer.Option(200, "--queries", min=1, help="queries, each timed for every method"),
     bm25: bool = typer.Option(True, "--bm25/--no-bm25", help="also time BM25 per collection vs shared"),
+    store: bool = typer.Option(
+        True,
+        "--store/--no-store",
+        help="also the document stores: ingest, a new replica's catch-up, follow latency, search "
+        "(the local index directory vs PostgreSQL; a private server unless --store-url)",
+    ),
+    store_url: str = typer.Option(
+        None,
+        "--store-url",
+        help="an empty PostgreSQL database for the store section (default: a private server)",
+    ),
 ) -> None:
-    """Search latency and recall of one tenant's collections: per-collection indexes vs a shared one."""
+    """Search latency and recall of one tenant's collections: per-collection indexes vs a shared one;
+    and the document stores at the same size."""
     import json
     import shlex
     import sys
@@ -396,6 +467,11 @@ def bench_collections(
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     results = run_collections_bench(config, progress=console.print)
+    if store:
+        from rag.benchmark.store_bench import StoreBenchConfig, measure_stores
+
+        store_config = StoreBenchConfig(chunks=chunks, collections=collections, queries=queries)
+        results["store"] = measure_stores(store_config, store_url, progress=console.print)
     out.mkdir(parents=True, exist_ok=True)
     command = "prefixrag " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     (out / "collections.json").write_text(json.dumps(results, indent=1), encoding="utf-8")

@@ -12,9 +12,10 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.config import EngineConfig
 from engine.models import DEFAULT_MODEL
@@ -22,10 +23,43 @@ from engine.sampling import DEFAULT_MAX_TOKENS, SamplingParams
 from rag.ingestion.chunking import CHUNK_OVERLAP, CHUNK_TOKENS
 from rag.prompt.assembler import DEFAULT_SYSTEM_PROMPT
 from rag.prompt.order import ChunkOrder
+from rag.query import check_top_k
 from rag.retrieval.embedder import DEFAULT_EMBEDDER, LongTexts
-from rag.retrieval.retriever import check_top_k
 from rag.types import check_collection
 
+STORE_SCHEMES = ("postgresql", "postgres")
+
+
+def check_store_url(url: str) -> str:
+    """``url`` if it names a document store this package has (PostgreSQL), else ValueError naming it
+    (without its password).
+
+    >>> check_store_url("postgresql://rag@127.0.0.1:5432/rag")
+    'postgresql://rag@127.0.0.1:5432/rag'
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in STORE_SCHEMES or not (parts.hostname or parts.query):
+        raise ValueError(
+            f"document_store must be a PostgreSQL URL (postgresql://user:password@host:port/database), "
+            f"got {redact_url(url)!r}"
+        )
+    return url
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for messages and logs).
+
+    >>> redact_url("postgresql://rag:s3cret@db:5432/rag")
+    'postgresql://rag:***@db:5432/rag'
+    """
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+StoreURL = Annotated[str, AfterValidator(check_store_url)]
 RetrievalMode = Literal["dense", "bm25", "hybrid"]
 Fusion = Literal["weighted", "rrf"]
 RerankerName = Literal["none", "embedding", "cross-encoder"]
@@ -92,7 +126,11 @@ class RAGConfig(BaseModel):
     # index
     index_kind: Literal["auto", "flat", "hnsw"] = "auto"
     hnsw_threshold: int = Field(default=50_000, gt=0, description="auto: HNSW from this many vectors on")
-    index_dir: Path | None = None
+    index_dir: Path | None = Field(default=None, description="the local index directory (one writer)")
+    document_store: StoreURL | None = Field(
+        default=None,
+        description="a shared document store instead of index_dir: postgresql://user:password@host:port/db",
+    )
     # prompt
     system_prompt: str = Field(default=DEFAULT_SYSTEM_PROMPT, min_length=1)
     tools: list[dict[str, Any]] = Field(
@@ -131,6 +169,8 @@ class RAGConfig(BaseModel):
             raise ValueError(f"chunk_overlap ({self.chunk_overlap}) must be < chunk_size ({self.chunk_size})")
         if self.reranker == "cross-encoder" and not self.reranker_model:
             raise ValueError("reranker='cross-encoder' needs reranker_model (a local model directory)")
+        if self.index_dir is not None and self.document_store is not None:
+            raise ValueError("index_dir and document_store name two stores: set one of them")
         return self
 
     def resolve_top_k(self, top_k: int | None) -> int:

@@ -11,9 +11,9 @@ from rich.table import Table
 
 from engine.paths import prefixrag_home
 from rag.config import RAGConfig
-from rag.ingestion.index_format import INGEST_FIELDS
 from rag.ingestion.loaders import load_python_reference
 from rag.pipeline import Answer, Pipeline
+from rag.stores.compat import INGEST_FIELDS
 from rag.types import DEFAULT_COLLECTION
 from rag.warming import warm_chunks
 

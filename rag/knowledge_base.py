@@ -1,12 +1,14 @@
 """KnowledgeBase: documents in, scored chunks out; the component the Pipeline wraps.
 
-It owns the chunker, the embedder, the reranker and the collections (``rag.ingestion.collection``:
-each with its own chunk store, FAISS ``VectorIndex`` and ``BM25Index``), and keeps them in step:
-adding a document to a collection chunks it, embeds only chunks it has not seen (ids are content
-addresses), and indexes them in that collection's FAISS and BM25; re-adding an unchanged document
-does nothing; a changed one replaces its chunks; deleting removes them from every index. A search
-names the collections it may read (default: all) and touches only their indexes. ``save`` writes
-one crash-safe version directory (``rag.ingestion.persist``), no pickle anywhere.
+It owns the chunker, the embedder, the reranker, a document store (``rag.stores``: the local index
+directory, or PostgreSQL) and the in-memory search indexes the store fills (``rag.stores.indexes``:
+per collection a chunk store, FAISS ``VectorIndex`` and ``BM25Index``). Adding a document to a
+collection chunks it, embeds only chunks it has not seen (ids are content addresses), and hands the
+document, its chunks and all their vectors to the store as one write, which is durable and searchable
+here when it returns; re-adding an unchanged document does nothing; a changed one replaces its
+chunks; deleting removes them from every index. A search names the collections it may read (default:
+all) and touches only their indexes. ``save`` writes one crash-safe local version directory, no
+pickle anywhere.
 
 Example:
     >>> from rag import Document, KnowledgeBase, RAGConfig
@@ -25,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 import time
 from collections import ChainMap
 from collections.abc import Iterable, Sequence
@@ -36,26 +37,21 @@ import numpy as np
 
 from rag.config import Fusion, RAGConfig, RetrievalMode
 from rag.ingestion.chunking import Chunker, document_title
-from rag.ingestion.collection import Collection, DocumentInfo
-from rag.ingestion.index_format import (
-    SavedIndex,
-    check_compatible,
-    collection_folders,
-    read_config,
-    read_index,
-    write_index,
-)
 from rag.ingestion.loaders import LoadResult, load_paths
-from rag.ingestion.persist import current_version, save_version
+from rag.query import Query, collection_names
 from rag.retrieval.diversity import DiverseRetriever
 from rag.retrieval.embedder import Embedder
 from rag.retrieval.factory import make_embedder, make_reranker, make_retriever
 from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import Reranker
-from rag.retrieval.retriever import DenseRetriever, Retriever, check_query
-from rag.retrieval.windows import ChunkText, WindowVectors
-from rag.types import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
+from rag.retrieval.retriever import DenseRetriever, QueryRetriever, Retriever
+from rag.retrieval.windows import WINDOW_SET_PREFIX, ChunkText, WindowVectors, window_text
+from rag.stores import DocumentStore, LocalStore, open_store
+from rag.stores.collection import Collection
+from rag.stores.indexes import SearchIndexes
+from rag.stores.protocol import ChunkRecord, DocumentWrite
+from rag.types import DEFAULT_COLLECTION, Chunk, Document, DocumentInfo, ScoredChunk, check_collection
 
 __all__ = ["IngestStats", "KnowledgeBase", "SearchResult"]
 
@@ -121,8 +117,11 @@ class KnowledgeBase:
         embedder: Embedder | None = None,
         chunker: Chunker | None = None,
         reranker: Reranker | None = None,
+        store: DocumentStore | None = None,
     ) -> None:
         cfg = config or RAGConfig()
+        self.store = store if store is not None else open_store(cfg)
+        cfg = self.store.check_config(cfg)
         if embedder is not None:  # the config records what the index is really built with
             cfg = cfg.model_copy(update={"embedder": embedder.model_name, "long_chunks": embedder.long_texts})
         if chunker is not None:
@@ -132,10 +131,12 @@ class KnowledgeBase:
         self.chunker = chunker or Chunker(cfg.tokenizer_model, cfg.chunk_size, cfg.chunk_overlap)
         self._reranker = reranker
         self._windows = WindowVectors(self.embedder, self.chunker)
-        self._collections: dict[str, Collection] = {}
-        self._saved: dict[str, tuple[Path, int]] = {}  # name -> (folder last saved to, changes then)
-        self._lock = threading.RLock()
+        self.indexes = SearchIndexes(self._new_index, lambda: self.embedder.dim, self.search_text)
+        self._lock = self.indexes.lock
+        self._retrievers: dict[tuple[str, str, tuple[str, ...] | None], QueryRetriever] = {}
+        self._built_for: tuple[int, RAGConfig] | None = None  # (indexes.generation, config) they serve
         self.last_ingest = IngestStats()
+        self.store.attach(self.indexes)
 
     @classmethod
     def from_config(cls, config: RAGConfig) -> KnowledgeBase:
@@ -165,25 +166,45 @@ class KnowledgeBase:
         name = check_collection(collection)
         self._validate(docs)
         t0 = time.perf_counter()
+        digests = [(doc, _digest(doc)) for doc in docs]
         with self._lock:
-            coll = self._collections.get(name) or Collection(name, self._new_index)
-            changed = [(doc, d) for doc in docs if coll.needs_update(doc.id, d := _digest(doc))]
-            updates = sum(doc.id in coll.docs for doc, _ in changed)
-            new_chunks = {doc.id: self._chunk(doc, name) for doc, _ in changed}
-            to_embed = [c for chunks in new_chunks.values() for c in chunks if self._must_embed(coll, c)]
-            vectors = self._embed([self.search_text(c) for c in to_embed], show_progress)
-            windows = self._windows.embed(to_embed) if self.keeps_windows and to_embed else None
-            removed = sum(coll.replace(doc, digest, new_chunks[doc.id]) for doc, digest in changed)
-            coll.index_new(to_embed, vectors, [self.search_text(c) for c in to_embed], windows)
-            self._collections.setdefault(name, coll)
-            self.last_ingest = IngestStats(
-                added=len(changed) - updates,
-                updated=updates,
-                unchanged=len(docs) - len(changed),
-                chunks_embedded=len(to_embed),
-                chunks_removed=removed,
-                seconds=time.perf_counter() - t0,
-            )
+            coll = self.indexes.get(name)
+            changed = [(doc, d) for doc, d in digests if coll is None or coll.needs_update(doc.id, d)]
+        new_chunks = {doc.id: self._chunk(doc, name) for doc, _ in changed}
+        with self._lock:  # what this replica holds: reused, not embedded again
+            coll = self.indexes.get(name)
+            updates = sum(coll is not None and doc.id in coll.docs for doc, _ in changed)
+            known = {
+                c.chunk_id: r for chunks in new_chunks.values() for c in chunks if (r := self._known(coll, c))
+            }
+            removed = sum(self._stale(coll, doc.id, new_chunks[doc.id]) for doc, _ in changed)
+            # an unchanged document goes to the store as held here: the store has the last word
+            # (another replica may have written it since), and keeps it without a change if so
+            held = {
+                doc.id: w for doc, _ in digests if doc.id not in new_chunks and (w := _held(coll, doc.id))
+            }
+        to_embed = [c for chunks in new_chunks.values() for c in chunks if c.chunk_id not in known]
+        vectors = self._embed([self.search_text(c) for c in to_embed], show_progress)
+        fresh = {c.chunk_id: ChunkRecord(c, vectors[i : i + 1]) for i, c in enumerate(to_embed)}
+        records = {
+            doc_id: [_record(c, known, fresh) for c in chunks] for doc_id, chunks in new_chunks.items()
+        }
+        if self.keeps_windows:  # the reranker reads them: computed with the chunk, stored with it
+            records = self._with_windows(records, show_progress)
+        writes = [
+            held[doc.id] if doc.id in held else DocumentWrite(name, doc, digest, tuple(records[doc.id]))
+            for doc, digest in digests
+        ]
+        if writes:
+            self.store.write(writes)
+        self.last_ingest = IngestStats(
+            added=len(changed) - updates,
+            updated=updates,
+            unchanged=len(docs) - len(changed),
+            chunks_embedded=len(to_embed),
+            chunks_removed=removed,
+            seconds=time.perf_counter() - t0,
+        )
         return [doc.id for doc in docs]
 
     def ingest(
@@ -203,14 +224,12 @@ class KnowledgeBase:
     def delete_document(self, doc_id: str, collection: str = DEFAULT_COLLECTION) -> bool:
         """Remove a document of ``collection`` and its chunks from every index; False if there was
         no such document there."""
-        with self._lock:
-            coll = self._collections.get(check_collection(collection))
-            return coll is not None and coll.delete(doc_id)
+        return self.store.delete(check_collection(collection), doc_id)
 
     def get_document(self, doc_id: str, collection: str = DEFAULT_COLLECTION) -> Document | None:
         """The document stored under ``doc_id`` in ``collection``, or None."""
         with self._lock:
-            coll = self._collections.get(check_collection(collection))
+            coll = self.indexes.get(check_collection(collection))
             return coll.get(doc_id) if coll is not None else None
 
     def list_documents(self, collections: Iterable[str] | None = None) -> list[DocumentInfo]:
@@ -222,18 +241,17 @@ class KnowledgeBase:
     def chunks_of(self, doc_id: str, collection: str = DEFAULT_COLLECTION) -> list[Chunk]:
         """A document's chunks in text order (empty if unknown)."""
         with self._lock:
-            coll = self._collections.get(check_collection(collection))
+            coll = self.indexes.get(check_collection(collection))
             return coll.chunks_of(doc_id) if coll is not None else []
 
     def collections(self) -> list[str]:
         """Names of the collections holding at least one document, in creation order."""
-        with self._lock:
-            return [name for name, coll in self._collections.items() if len(coll)]
+        return self.indexes.names()
 
     def collection(self, name: str) -> Collection | None:
         """The named collection's documents, chunks and indexes, or None (to inspect: change them only
         through the KnowledgeBase, which keeps them in step)."""
-        return self._collections.get(check_collection(name))
+        return self.indexes.get(check_collection(name))
 
     def count(self, collections: Iterable[str] | None = None) -> int:
         """Documents in ``collections`` (default: all)."""
@@ -245,16 +263,27 @@ class KnowledgeBase:
 
     def __contains__(self, doc_id: object) -> bool:
         """Whether any collection holds a document with this id."""
-        return any(doc_id in coll.docs for coll in list(self._collections.values()))
+        return any(doc_id in coll.docs for coll in list(self.indexes.collections.values()))
 
     @property
     def n_chunks(self) -> int:
-        return sum(coll.n_chunks for coll in list(self._collections.values()))
+        return sum(coll.n_chunks for coll in list(self.indexes.collections.values()))
 
     # -- search -----------------------------------------------------------------------------------
+    def query(
+        self, query: str | Query, top_k: int | None = None, collections: Iterable[str] | None = None
+    ) -> Query:
+        """The checked query for a search (a ``Query`` passes as it is; then give top_k and the
+        collections in it). Defaults: the config's ``top_k``, every collection."""
+        if isinstance(query, Query):
+            if top_k is not None or collections is not None:
+                raise ValueError("a Query carries its own top_k and collections: pass them in it")
+            return query
+        return Query.of(query, top_k, collections, default_top_k=self.config.top_k)
+
     def search(
         self,
-        query: str,
+        query: str | Query,
         top_k: int | None = None,
         mode: RetrievalMode | None = None,
         rerank: bool | None = None,
@@ -266,11 +295,11 @@ class KnowledgeBase:
 
         Defaults come from the config (``top_k``, ``retrieval_mode``, ``reranker``).
         """
-        return self.search_timed(query, top_k, mode, rerank, collections=collections).hits
+        return self.run(self.query(query, top_k, collections), mode, rerank).hits
 
     def search_timed(
         self,
-        query: str,
+        query: str | Query,
         top_k: int | None = None,
         mode: RetrievalMode | None = None,
         rerank: bool | None = None,
@@ -278,49 +307,60 @@ class KnowledgeBase:
         collections: Iterable[str] | None = None,
     ) -> SearchResult:
         """``search`` that also reports how long the first stage and the reranker took."""
-        top_k = self.config.resolve_top_k(top_k)
-        check_query(query, top_k)
+        return self.run(self.query(query, top_k, collections), mode, rerank)
+
+    def run(
+        self, query: Query, mode: RetrievalMode | None = None, rerank: bool | None = None
+    ) -> SearchResult:
+        """Search for a checked query (``self.query(...)``, ``Query.of``): first stage, then the
+        reranker when enabled (``rerank``; default: the config's). Nothing is checked again."""
         use_reranker = self.config.reranker != "none" if rerank is None else rerank
         t0 = time.perf_counter()
-        depth = max(top_k, self.config.rerank_candidates) if use_reranker else top_k
-        hits = self.retrieve(query, depth, mode, collections=collections)
+        depth = max(query.top_k, self.config.rerank_candidates) if use_reranker else query.top_k
+        with self._lock:
+            if not any(len(c) for c in self.indexes.select(query.collections)):
+                return SearchResult([], 0.0, 0.0)
+            hits = self._retriever(mode, None, query.collections).search(query.deeper(depth))
         t1 = time.perf_counter()
         if use_reranker:
-            hits = self.rerank(query, hits, top_k)
+            with self._lock:
+                hits = self.reranker.rerank(query.text, hits, query.top_k)
         t2 = time.perf_counter()
         return SearchResult(hits, retrieve_ms=1000 * (t1 - t0), rerank_ms=1000 * (t2 - t1))
 
     def retrieve(
         self,
-        query: str,
+        query: str | Query,
         top_k: int | None = None,
         mode: RetrievalMode | None = None,
         *,
         collections: Iterable[str] | None = None,
     ) -> list[ScoredChunk]:
         """First-stage retrieval only (no reranking) over ``collections`` (default: all), best first."""
-        top_k = self.config.resolve_top_k(top_k)
-        check_query(query, top_k)
-        with self._lock:
-            return self.retriever(mode, collections=collections).retrieve(query, top_k)
+        return self.run(self.query(query, top_k, collections), mode, rerank=False).hits
 
     def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int | None = None) -> list[ScoredChunk]:
         """Apply the configured reranker to first-stage hits."""
-        top_k = self.config.resolve_top_k(top_k)
-        check_query(query, top_k)
+        checked = self.query(query, top_k)
         with self._lock:
-            return self.reranker.rerank(query, hits, top_k)
+            return self.reranker.rerank(checked.text, hits, checked.top_k)
 
     def similarity(
-        self, query: str, chunk_ids: Sequence[str], *, collections: Iterable[str] | None = None
+        self, query: str | Query, chunk_ids: Sequence[str], *, collections: Iterable[str] | None = None
     ) -> dict[str, float]:
         """Cosine similarity of ``query`` with each chunk's embedding, in [-1, 1]: unlike a fused or
-        reranked score it does not depend on the other candidates (``Source.score`` reports it)."""
-        dense = self.retriever("dense", collections=collections)
-        if isinstance(dense, DiverseRetriever):  # diversity reorders results; the scores are the inner's
-            dense = dense.inner
-        assert isinstance(dense, DenseRetriever)
-        return dense.score(query, chunk_ids)
+        reranked score it does not depend on the other candidates (``Source.score`` reports it). A
+        ``Query`` names its collections itself."""
+        if isinstance(query, Query):
+            text, names = query.text, query.collections
+        else:
+            text, names = query, None if collections is None else collection_names(collections)
+        with self._lock:
+            dense = self._retriever("dense", None, names)
+            if isinstance(dense, DiverseRetriever):  # diversity reorders results; the scores are the inner's
+                dense = dense.inner
+            assert isinstance(dense, DenseRetriever)
+            return dense.score(text, chunk_ids)
 
     def retriever(
         self,
@@ -331,9 +371,33 @@ class KnowledgeBase:
     ) -> Retriever:
         """The first-stage retriever for ``mode`` (default: the config's) over ``collections``
         (default: all); ``fusion`` overrides the config's for hybrid mode. One collection is searched
-        through its own indexes, several through federated views of theirs."""
+        through its own indexes, several through federated views of theirs. Built once per (mode,
+        fusion, collections) while the set of collections stays the same."""
+        names = None if collections is None else collection_names(collections)
+        return self._retriever(mode, fusion, names)
+
+    def _retriever(
+        self, mode: RetrievalMode | None, fusion: Fusion | None, names: tuple[str, ...] | None
+    ) -> QueryRetriever:
+        cfg = self.config
+        if mode is not None and mode not in ("dense", "bm25", "hybrid"):
+            raise ValueError(f"mode must be 'dense', 'bm25' or 'hybrid', got {mode!r}")
+        key = (mode or cfg.retrieval_mode, fusion or cfg.fusion, names)
         with self._lock:
-            selected = self._select(collections)
+            built = self._built_for
+            if built is None or built[0] != self.indexes.generation or built[1] is not cfg:
+                self._retrievers.clear()
+                self._built_for = (self.indexes.generation, cfg)
+            found = self._retrievers.get(key)
+            if found is None:
+                found = self._retrievers[key] = self._build_retriever(
+                    self.indexes.select(names), mode, fusion
+                )
+            return found
+
+    def _build_retriever(
+        self, selected: list[Collection], mode: RetrievalMode | None, fusion: Fusion | None
+    ) -> QueryRetriever:
         cfg, embedder = self.config, self.embedder
         if len(selected) == 1:
             one = selected[0]
@@ -355,29 +419,55 @@ class KnowledgeBase:
         """Whether indexing a chunk also embeds its windows (the configured reranker reads them)."""
         return self.config.reranker == "embedding"
 
+    @property
+    def window_set(self) -> str:
+        """The name of the chunks' extra vector set holding their window vectors, as this knowledge
+        base computes them (``WindowVectors.set_name``: the settings are in it)."""
+        return self._windows.set_name
+
     def window_vectors(self, chunks: Sequence[ChunkText]) -> list[np.ndarray]:
-        """Each chunk's window vectors (``rag.retrieval.windows``), as computed when it was indexed; a
-        chunk without them (an index saved before they existed) gets them now, kept for the next
-        time and written by the next save."""
+        """Each chunk's window vectors (``rag.retrieval.windows``), as computed when it was indexed
+        and stored with it. A chunk without them (indexed while no reranker read them, or saved
+        before they existed) gets them now, kept in its collection in memory: a local index
+        directory writes them with its next write or save; a PostgreSQL store keeps the ones its
+        writers computed at ingestion, and each process fills the others in memory on first use."""
+        name = self.window_set
         with self._lock:
             owners = [self._owner(c) for c in chunks]
-            missing: dict[str, tuple[Collection, ChunkText]] = {}
+            found: dict[str, np.ndarray] = {}
+            missing: dict[str, ChunkText] = {}
             for chunk, coll in zip(chunks, owners, strict=True):
-                if chunk.chunk_id not in coll.windows:
-                    missing.setdefault(chunk.chunk_id, (coll, chunk))
+                vectors = coll.vector_set(name).get(chunk.chunk_id) if coll is not None else None
+                if vectors is not None:
+                    found[chunk.chunk_id] = vectors
+                else:
+                    missing.setdefault(chunk.chunk_id, chunk)
             if missing:
-                self._keep_windows(list(missing.values()))
-            return [coll.windows[c.chunk_id] for c, coll in zip(chunks, owners, strict=True)]
+                computed = self._embed_windows(list(missing.values()), show_progress=False)
+                found.update(computed)
+                for coll in {id(c): c for c in owners if c is not None}.values():
+                    self._keep_windows(coll, computed)
+            return [found[c.chunk_id] for c in chunks]
 
     def fill_windows(self, *, show_progress: bool = False) -> int:
-        """Compute the window vectors every chunk lacks (an index saved without them); returns how
-        many chunks got theirs (a save then writes them)."""
+        """Compute the window vectors every chunk lacks (an index saved without them) and keep them in
+        memory, as ``window_vectors`` would on first use; returns how many chunks got theirs. A save
+        of a local index directory then writes them; a PostgreSQL store does not store them (its
+        writers store the ones they compute at ingestion)."""
+        name = self.window_set
         with self._lock:
-            missing = [(coll, c) for coll in self._collections.values() for c in coll.chunks.values()
-                       if c.chunk_id not in coll.windows]  # fmt: skip
-            for i in range(0, len(missing), _EMBED_CALL):
-                self._keep_windows(missing[i : i + _EMBED_CALL], show_progress)
-            return len(missing)
+            collections = list(self.indexes.collections.values())
+            missing = [
+                c
+                for coll in collections
+                for c in coll.chunks.values()
+                if c.chunk_id not in coll.vector_set(name)
+            ]
+        computed = self._embed_windows(missing, show_progress)  # outside the lock: searches go on
+        with self._lock:
+            for coll in collections:
+                self._keep_windows(coll, computed)
+        return len(missing)
 
     def search_text(self, chunk: Chunk) -> str:
         """What is embedded and BM25-indexed for a chunk: its text, after its title when configured."""
@@ -390,16 +480,12 @@ class KnowledgeBase:
     def save(self, directory: str | os.PathLike[str] | None = None) -> Path:
         """Write every collection into a new version under ``directory`` (default:
         ``config.index_dir``), atomically; return the version directory. The previous version stays
-        loadable until the new one is complete; collections unchanged since it are hard-linked."""
+        loadable until the new one is complete; collections unchanged since it are hard-linked. A
+        store bound to that directory has saved every write already: this writes a fresh version."""
         target = directory if directory is not None else self.config.index_dir
         if target is None:
             raise ValueError("save needs a directory (argument or RAGConfig.index_dir), got None")
-        root = Path(target).expanduser()
-        with self._lock:
-            folders: dict[str, str] = {}
-            version = save_version(root, lambda tmp: folders.update(self._write(tmp, root)))
-            self._remember(version, folders)
-            return version
+        return self.store.save(Path(target).expanduser(), self.config)
 
     @classmethod
     def load(
@@ -411,31 +497,25 @@ class KnowledgeBase:
         chunker: Chunker | None = None,
         reranker: Reranker | None = None,
     ) -> KnowledgeBase:
-        """Load the current version saved under ``directory`` (an index saved before collections
-        existed loads as the collection ``"default"``).
+        """Open the current version saved under ``directory`` (an index saved before collections
+        existed loads as the collection ``"default"``); later writes are saved there.
 
         Without ``config`` the saved one is used. A config may change query-time settings (mode,
         top_k, reranker, ...); ingest-time ones (embedder, tokenizer, chunk sizes) must match the
         saved index, else ValueError.
         """
-        version = current_version(Path(directory).expanduser())
-        saved = read_config(version)
-        config = check_compatible(config, saved, version) if config else saved
-        config = config.model_copy(update={"index_dir": Path(directory)})
-        kb = cls(config, embedder=embedder, chunker=chunker, reranker=reranker)
-        kb._adopt(read_index(version, config))
-        kb._remember(version, {name: folder.name for name, folder in collection_folders(version).items()})
-        return kb
+        store = LocalStore(directory, must_exist=True)
+        config = config or store.saved_config()
+        return cls(config, embedder=embedder, chunker=chunker, reranker=reranker, store=store)
+
+    def close(self) -> None:
+        """Let go of the store (a local directory's writer lock, a database's connections)."""
+        self.store.close()
 
     # -- internals --------------------------------------------------------------------------------
     def _select(self, names: Iterable[str] | None) -> list[Collection]:
         """The existing collections among ``names`` (all when None), each once; names are validated."""
-        if names is None:
-            return list(self._collections.values())
-        if isinstance(names, str):
-            raise ValueError(f"collections must be a list of names, got the string {names!r}")
-        wanted = dict.fromkeys(check_collection(n) for n in names)
-        return [self._collections[n] for n in wanted if n in self._collections]
+        return self.indexes.select(None if names is None else collection_names(names))
 
     def _validate(self, docs: list[Document]) -> None:
         seen: set[str] = set()
@@ -455,27 +535,76 @@ class KnowledgeBase:
             chunks = [c.model_copy(update={"metadata": {**c.metadata, "title": title}}) for c in chunks]
         return chunks
 
-    def _owner(self, chunk: ChunkText) -> Collection:
-        """The collection holding ``chunk`` (by its ``collection``, else the one that has its id)."""
+    def _known(self, coll: Collection | None, chunk: Chunk) -> ChunkRecord | None:
+        """The vectors this replica holds for ``chunk`` (None: embed it), less window vectors that no
+        longer fit it (its title changed, or computed with other settings)."""
+        found = coll.known_vectors(chunk) if coll is not None else None
+        if found is None or coll is None:
+            return None
+        same = window_text(coll.chunks[chunk.chunk_id]) == window_text(chunk)
+        extra = {
+            name: v
+            for name, v in found.extra.items()
+            if not name.startswith(WINDOW_SET_PREFIX) or (same and name == self.window_set)
+        }
+        return ChunkRecord(chunk, found.vectors, extra)
+
+    def _with_windows(
+        self, records: dict[str, list[ChunkRecord]], show_progress: bool
+    ) -> dict[str, list[ChunkRecord]]:
+        """``records`` with their window vectors: the ones reused, else computed now."""
+        name = self.window_set
+        lacking = [r.chunk for rs in records.values() for r in rs if name not in r.extra]
+        computed = self._embed_windows(lacking, show_progress)
+        return {
+            doc_id: [
+                r
+                if name in r.extra
+                else ChunkRecord(r.chunk, r.vectors, {**r.extra, name: computed[r.chunk_id]})
+                for r in rs
+            ]
+            for doc_id, rs in records.items()
+        }
+
+    def _embed_windows(self, chunks: Sequence[ChunkText], show_progress: bool) -> dict[str, np.ndarray]:
+        """Chunk id -> its window vectors [windows, dim], embedded in calls of _EMBED_CALL chunks."""
+        from tqdm.auto import tqdm
+
+        out: dict[str, np.ndarray] = {}
+        if not chunks:
+            return out
+        with tqdm(total=len(chunks), desc="windows", unit="chunk", disable=not show_progress) as bar:
+            for i in range(0, len(chunks), _EMBED_CALL):
+                part = chunks[i : i + _EMBED_CALL]
+                out.update((c.chunk_id, v) for c, v in zip(part, self._windows.embed(part), strict=True))
+                bar.update(len(part))
+        return out
+
+    def _keep_windows(self, coll: Collection, computed: dict[str, np.ndarray]) -> None:
+        """Keep the computed window vectors of ``coll``'s chunks; forget sets of other settings."""
+        name = self.window_set
+        for other in [n for n in coll.extra if n.startswith(WINDOW_SET_PREFIX) and n != name]:
+            coll.drop_vector_set(other)
+        coll.keep_vectors(name, {cid: v for cid, v in computed.items() if cid in coll.chunks})
+
+    def _owner(self, chunk: ChunkText) -> Collection | None:
+        """The collection holding ``chunk`` (by its ``collection``, else the one that has its id;
+        None if none does now, e.g. deleted since it was retrieved)."""
         name = getattr(chunk, "collection", None)
-        coll = self._collections.get(name) if isinstance(name, str) else None
+        coll = self.indexes.get(name) if isinstance(name, str) else None
         if coll is not None and chunk.chunk_id in coll.chunks:
             return coll
-        for coll in self._collections.values():
+        for coll in self.indexes.collections.values():
             if chunk.chunk_id in coll.chunks:
                 return coll
-        raise ValueError(f"chunk {chunk.chunk_id!r} is in no collection of this knowledge base")
+        return None
 
-    def _keep_windows(
-        self, pairs: Sequence[tuple[Collection, ChunkText]], show_progress: bool = False
-    ) -> None:
-        vectors = self._windows.embed([chunk for _, chunk in pairs], show_progress=show_progress)
-        for (coll, chunk), v in zip(pairs, vectors, strict=True):
-            coll.set_windows([chunk.chunk_id], [v])
-
-    def _must_embed(self, coll: Collection, chunk: Chunk) -> bool:
-        old = coll.chunks.get(chunk.chunk_id)
-        return old is None or self.search_text(old) != self.search_text(chunk)
+    @staticmethod
+    def _stale(coll: Collection | None, doc_id: str, chunks: list[Chunk]) -> int:
+        """Chunks of the stored document that its new version drops."""
+        old = coll.docs.get(doc_id) if coll is not None else None
+        keep = {c.chunk_id for c in chunks}
+        return sum(c not in keep for c in old.chunk_ids) if old else 0
 
     def _embed(self, texts: list[str], show_progress: bool) -> np.ndarray:
         """Embed in calls of _EMBED_CALL texts with a progress bar."""
@@ -490,41 +619,18 @@ class KnowledgeBase:
                 bar.update(len(parts[-1]))
         return np.concatenate(parts)
 
-    def _new_index(self) -> VectorIndex:
+    def _new_index(self, dim: int) -> VectorIndex:
         cfg = self.config
-        return VectorIndex(self.embedder.dim, kind=cfg.index_kind, hnsw_threshold=cfg.hnsw_threshold)
+        return VectorIndex(dim, kind=cfg.index_kind, hnsw_threshold=cfg.hnsw_threshold)
 
-    def _write(self, directory: Path, root: Path) -> dict[str, str]:
-        """Write a version into ``directory``; link the files of collections unchanged since the
-        version now live under ``root``. Returns each collection's folder name."""
-        try:
-            live = collection_folders(current_version(root))
-        except FileNotFoundError:
-            live = {}
-        unchanged = {
-            name: folder
-            for name, folder in live.items()
-            if name in self._collections
-            and self._saved.get(name) == (folder, self._collections[name].changes)
-        }
-        return write_index(
-            directory, self.config, list(self._collections.values()), unchanged, self._windows.settings
-        )
 
-    def _remember(self, version: Path, folders: dict[str, str]) -> None:
-        """Record which folder of ``version`` holds each collection as it is now."""
-        self._saved = {
-            name: (version / folder, self._collections[name].changes)
-            for name, folder in folders.items()
-            if name in self._collections
-        }
+def _held(coll: Collection | None, doc_id: str) -> DocumentWrite | None:
+    return coll.record(doc_id) if coll is not None else None
 
-    def _adopt(self, saved: SavedIndex) -> None:
-        self._collections = {}
-        for part in saved.collections:
-            coll = Collection(part.name, self._new_index)
-            same = part.window_settings == self._windows.settings  # else computed again when needed
-            coll.adopt(
-                part.records, part.chunks, part.index, self.search_text, part.windows if same else None
-            )
-            self._collections[part.name] = coll
+
+def _record(chunk: Chunk, known: dict[str, ChunkRecord], fresh: dict[str, ChunkRecord]) -> ChunkRecord:
+    """A chunk with its vectors: the ones already stored for it, else the ones just computed."""
+    found = known.get(chunk.chunk_id)
+    if found is not None:
+        return ChunkRecord(chunk, found.vectors, found.extra)  # the new metadata, the same vectors
+    return fresh[chunk.chunk_id]

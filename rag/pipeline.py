@@ -20,14 +20,14 @@ from engine.chunks.reuse import REUSE_MODES
 from engine.request import GenerationResult
 from engine.sampling import SamplingParams
 from rag.config import RAGConfig
-from rag.ingestion.collection import DocumentInfo
 from rag.ingestion.loaders import LoadResult
 from rag.knowledge_base import KnowledgeBase
 from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler, chat_question
 from rag.prompt.order import CHUNKS_MODE_ORDER, PrefixProbe
 from rag.prompt.public import public_prefix_length
+from rag.query import Query, collection_names
 from rag.results import Answer, Grounded, PipelineEvent, Source, Timings, Usage
-from rag.types import DEFAULT_COLLECTION, Chunk, Document, ScoredChunk, check_collection
+from rag.types import DEFAULT_COLLECTION, Chunk, Document, DocumentInfo, ScoredChunk
 from rag.warming import WarmReport, warm_chunks
 
 
@@ -53,16 +53,18 @@ class Pipeline:
         knowledge_base: KnowledgeBase | None = None,
     ) -> None:
         self.config = config or RAGConfig()
-        self.kb = knowledge_base or KnowledgeBase(self.config)
+        if knowledge_base is None:  # the store's ingest-time settings, where it holds documents
+            knowledge_base = KnowledgeBase(self.config)
+            self.config = knowledge_base.config
+        self.kb = knowledge_base
         self._engine = engine
         self._assembler: PromptAssembler | None = None
         self._lock = threading.Lock()
 
     @classmethod
     def from_config(cls, config: RAGConfig, *, engine: GenerationBackend | None = None) -> Pipeline:
-        """A pipeline for ``config``; loads the saved index when ``config.index_dir`` holds one."""
-        if config.index_dir is not None and _has_index(config.index_dir):
-            return cls.load(config.index_dir, config=config, engine=engine)
+        """A pipeline on the store ``config`` names (``document_store``, else ``index_dir``, which it
+        loads when it holds an index and saves every change to; else in memory)."""
         return cls(config, engine=engine)
 
     @classmethod
@@ -116,7 +118,7 @@ class Pipeline:
         """Prefill every chunk of ``collections`` (default: all) at its placement in the engine's cache
         for ``namespace`` (``rag.warming``): resumable, cancellable through ``cancel``, within the cache
         budget (``report.not_fitted`` lists the rest)."""
-        selected = None if collections is None else _names(collections)
+        selected = None if collections is None else collection_names(collections)
         chunks = [
             ScoredChunk.of(c, 0.0)
             for info in self.kb.list_documents(selected)
@@ -176,14 +178,17 @@ class Pipeline:
         """Write the index atomically (a crash mid-save leaves the previous one loadable)."""
         return self.kb.save(directory)
 
+    def close(self) -> None:
+        """Let go of the document store (a local directory's writer lock, a database's connections)."""
+        self.kb.close()
+
     # ---- questions ----------------------------------------------------------------------------
     def retrieve(
         self, question: str, top_k: int | None = None, *, collections: Iterable[str] | None = None
     ) -> list[ScoredChunk]:
         """The chunks of ``collections`` (default: all) an answer would be grounded on, best first
         (``top_k`` defaults to the config's)."""
-        top_k = self.config.resolve_top_k(top_k)
-        return self.kb.search(question, top_k, collections=collections) if self.kb.count(collections) else []
+        return self.kb.run(self._query(question, top_k, collections)).hits
 
     def assemble(self, question: str, chunks: Sequence[ScoredChunk], namespace: str = "") -> Prompt:
         """The prompt (token ids + segments) the engine would get for these chunks."""
@@ -204,8 +209,7 @@ class Pipeline:
         """Everything before generation: retrieve for ``question`` from ``collections`` (default: all),
         assemble its prompt in ``namespace``'s chunk order, score its sources. ``stream_grounded``
         generates from it."""
-        top_k, selected = self._checked(question, top_k, collections)
-        return self._ground_question(question, top_k, namespace, selected)
+        return self._ground_question(self._query(question, top_k, collections), namespace)
 
     def ground_chat(
         self,
@@ -219,15 +223,14 @@ class Pipeline:
         is the chat with the chunks and that question in its last user message
         (``PromptAssembler.assemble_chat``: the layout, budget, chunk order and sources of ``ground``)."""
         started = time.perf_counter()
-        question = chat_question(messages)
-        top_k, selected = self._checked(question, top_k, collections)
+        query = self._query(chat_question(messages), top_k, collections)
 
         order = self._order(None)
 
         def assemble(hits: list[ScoredChunk], probe: PrefixProbe | None) -> Prompt:
             return self.assembler.assemble_chat(messages, hits, prefix_probe=probe, order=order)
 
-        return self._ground(question, top_k, namespace, selected, assemble, started)
+        return self._ground(query, namespace, assemble, started)
 
     def stream_grounded(
         self, grounded: Grounded, params: SamplingParams | None = None, *, reuse: str | None = None
@@ -283,12 +286,10 @@ class Pipeline:
         ``params`` default to ``config.sampling_params()``; derive others from it
         (``config.sampling_params(max_tokens=...)``) to keep the pipeline's other settings.
         """
-        top_k, selected = self._checked(question, top_k, collections)
+        query = self._query(question, top_k, collections)
         if reuse not in (None, *REUSE_MODES):
             raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, got {reuse!r}")
-        return self._answer(
-            lambda: self._ground_question(question, top_k, namespace, selected, reuse), params, reuse
-        )
+        return self._answer(lambda: self._ground_question(query, namespace, reuse), params, reuse)
 
     def _answer(
         self, ground: Callable[[], Grounded], params: SamplingParams | None, reuse: str | None
@@ -319,51 +320,35 @@ class Pipeline:
         answer = Answer(result.text, grounded.sources, Usage.of(result), timings, result.finish_reason)
         yield PipelineEvent("done", answer=answer)
 
-    def _checked(
-        self, question: str, top_k: int | None, collections: Iterable[str] | None
-    ) -> tuple[int, list[str] | None]:
-        """A question's arguments validated: its ``top_k`` (the config's for None) and collections."""
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"question must be a non-empty string, got {question!r}")
-        return self.config.resolve_top_k(top_k), None if collections is None else _names(collections)
+    def _query(self, question: str, top_k: int | None, collections: Iterable[str] | None) -> Query:
+        """The question checked once (its ``top_k``: the config's for None): everything below takes
+        the Query as it is."""
+        return Query.of(question, top_k, collections, default_top_k=self.config.top_k, name="question")
 
-    def _ground_question(
-        self,
-        question: str,
-        top_k: int,
-        namespace: str,
-        collections: list[str] | None,
-        reuse: str | None = None,
-    ) -> Grounded:
+    def _ground_question(self, query: Query, namespace: str, reuse: str | None = None) -> Grounded:
         started = time.perf_counter()
         order = self._order(reuse)
 
         def assemble(hits: list[ScoredChunk], probe: PrefixProbe | None) -> Prompt:
-            return self.assembler.assemble(question, hits, prefix_probe=probe, order=order)
+            return self.assembler.assemble(query.text, hits, prefix_probe=probe, order=order)
 
-        return self._ground(question, top_k, namespace, collections, assemble, started)
+        return self._ground(query, namespace, assemble, started)
 
     def _ground(
         self,
-        question: str,
-        top_k: int,
+        query: Query,
         namespace: str,
-        collections: list[str] | None,
         assemble: Callable[[list[ScoredChunk], PrefixProbe | None], Prompt],
         started: float,
     ) -> Grounded:
         """Retrieve (timed), ``assemble`` the hits in ``namespace``'s chunk order (timed), score the
         sources of the chunks the prompt holds."""
-        if self.kb.count(collections):
-            found = self.kb.search_timed(question, top_k, collections=collections)
-            hits, retrieve_ms, rerank_ms = found.hits, found.retrieve_ms, found.rerank_ms
-        else:
-            hits, retrieve_ms, rerank_ms = [], 0.0, 0.0
+        found = self.kb.run(query)
         clock = time.perf_counter()
-        prompt = assemble(hits, self._probe(namespace))
+        prompt = assemble(found.hits, self._probe(namespace))
         assemble_ms = 1000 * (time.perf_counter() - clock)
-        sources = self._sources(question, prompt.chunks, collections)
-        return Grounded(prompt, sources, namespace, started, retrieve_ms, rerank_ms, assemble_ms)
+        sources = self._sources(query, prompt.chunks)
+        return Grounded(prompt, sources, namespace, started, found.retrieve_ms, found.rerank_ms, assemble_ms)
 
     def _order(self, reuse: str | None) -> str | None:
         """The chunk order for a request in ``reuse`` mode (None: the configured one). Chunks mode
@@ -371,11 +356,9 @@ class Pipeline:
         chunks = (reuse or self.config.engine.reuse) == "chunks" and self.engine.capabilities.chunk_reuse
         return CHUNKS_MODE_ORDER if chunks else None
 
-    def _sources(
-        self, question: str, chunks: Sequence[ChunkLike], collections: list[str] | None
-    ) -> list[Source]:
+    def _sources(self, query: Query, chunks: Sequence[ChunkLike]) -> list[Source]:
         ids = [c.chunk_id for c in chunks]
-        similarity = self.kb.similarity(question, ids, collections=collections) if chunks else {}
+        similarity = self.kb.similarity(query, ids) if chunks else {}
         return [_source(c, similarity.get(c.chunk_id, 0.0)) for c in chunks]
 
     def _probe(self, namespace: str) -> PrefixProbe | None:
@@ -423,20 +406,3 @@ def _source(chunk: Any, score: float) -> Source:
         metadata=dict(getattr(chunk, "metadata", {}) or {}),
         collection=str(getattr(chunk, "collection", DEFAULT_COLLECTION)),
     )
-
-
-def _names(collections: Iterable[str]) -> list[str]:
-    """Validated collection names (a bare string is refused: it would be read letter by letter)."""
-    if isinstance(collections, str):
-        raise ValueError(f"collections must be a list of names, got the string {collections!r}")
-    return [check_collection(name) for name in collections]
-
-
-def _has_index(directory: str | os.PathLike[str]) -> bool:
-    from rag.ingestion.persist import current_version
-
-    try:
-        current_version(Path(directory).expanduser())
-    except (FileNotFoundError, ValueError):
-        return False
-    return True

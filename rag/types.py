@@ -7,6 +7,7 @@ unique within a collection, so two collections may each hold a ``notes.md``.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -111,3 +112,14 @@ class ScoredChunk(BaseModel):
             metadata=chunk.metadata,
             collection=chunk.collection,
         )
+
+
+@dataclass(frozen=True)
+class DocumentInfo:
+    """What ``list_documents`` reports about one stored document."""
+
+    id: str
+    metadata: dict[str, Any]
+    n_chunks: int
+    n_chars: int
+    collection: str

@@ -95,7 +95,9 @@ def warm_chunks(
             if progress is not None:
                 progress(n + 1, len(chunks))
     cache = local_cache(engine)
-    if cache is not None:  # the placements are on disk (for a restart, for replicas) before this returns
+    if (
+        cache is not None
+    ):  # the placements are in the tiers under RAM (for a restart, for replicas) before this returns
         cache.flush_tiers()
     report.seconds = time.perf_counter() - started
     return report

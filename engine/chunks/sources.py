@@ -1,13 +1,13 @@
 """Where a reused chunk's KV comes from: its canonical placement ``anchor + chunk`` in the exact tree,
-else the disk tier under it.
+else the tiers under it (disk, remote).
 
 The radix path ``anchor + chunk`` holds the KV a chunk got when it stood first after the anchor (the
 stable prefix and the first chunk marker), so its tokens attended to the real system prompt. A chunk
 the cache does not hold (in full) is prefilled at that placement now, in scratch storage, attending
 only to the anchor: that KV is exact for the token sequence ``anchor + chunk``, so it may go into the
 exact tree, and the next request that retrieves the chunk reuses it. A placement the RAM tree lacks
-is read from the disk tier first (as much of it as the disk holds; the rest is prefilled) and promoted
-into the tree the same way. The insert waits until the request's first token is out, like the
+is read from the tiers first (as much of it as they hold; the rest is prefilled) and promoted into the
+tree the same way; its insert writes it to every tier, so other replicas and hosts reuse it too. The insert waits until the request's first token is out, like the
 prompt's own insert.
 
 Example:
@@ -29,6 +29,7 @@ from engine.chunks.plan import Span, StitchPlan
 from engine.fused import FusedLlamaRunner
 from engine.kv.buffer_pool import BufferPool
 from engine.kv.state import KVBuffer, KVSegment
+from engine.tiers.chain import TierChain
 from prefix_cache import RadixCache
 
 
@@ -53,12 +54,12 @@ class ChunkSources:
     """Looks up (or computes) the canonical KV of a stitched prompt's reused chunks."""
 
     def __init__(
-        self, cache: RadixCache, runner: FusedLlamaRunner, buffers: BufferPool, disk: Any = None
+        self, cache: RadixCache, runner: FusedLlamaRunner, buffers: BufferPool, tiers: TierChain | None = None
     ) -> None:
         self.cache = cache
         self.runner = runner
         self.buffers = buffers
-        self.disk = disk  # engine.tiers.disk.DiskTier or None
+        self.tiers = tiers or TierChain()
 
     def fetch(
         self,
@@ -115,12 +116,12 @@ class ChunkSources:
     def _compute(
         self, key: list[int], buffer: KVBuffer, anchor: int, namespace: str, kv: ChunkKV
     ) -> KVSegment:
-        """``key``'s KV in scratch storage: what the disk tier holds of it, the anchor's KV from the
-        request's buffer where the disk stopped short of it, the rest prefilled after them."""
+        """``key``'s KV in scratch storage: what the tiers hold of it, the anchor's KV from the
+        request's buffer where they stopped short of it, the rest prefilled after them."""
         clock = time.perf_counter()
         scratch = self.buffers.take(self.runner.new_buffer, len(key))
         kv.scratch.append(scratch)
-        held = self.disk.extend(scratch, key, namespace, limit=len(key)) if self.disk is not None else 0
+        held = self.tiers.extend(scratch, key, namespace, limit=len(key))
         if held < anchor:
             scratch.extend([buffer.segment(held, anchor)])
             held = anchor

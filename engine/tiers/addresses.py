@@ -1,8 +1,9 @@
 """Content addresses of disk KV blocks: a model fingerprint and a hash chain over 64-token blocks.
 
 A block's address is ``sha256(parent address, its token ids)``, and the chain starts from
-``sha256(model fingerprint, namespace)``; a prefix's last, partial block is named by its parent and
-its first token (``tail_hash``). So an address names the whole prefix up to the block's end,
+``sha256(model fingerprint, namespace)``; the record after a parent whose block starts with a given
+token (a prefix's partial last block, or a link to the latest whole block written there) is named by
+its parent and that first token (``tail_hash``). So an address names the whole prefix up to the block's end,
 for one model, dtype, KV format and weights format, in one tenant namespace: another model or tenant
 can never compute it, and two processes that compute the same KV compute the same address.
 
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from engine.kv.state import BLOCK_TOKENS
+from engine.tiers.blockformat import BlockMeta
 
 CHAIN_VERSION = b"prefixrag-kv-chain-v1"
 _SAMPLES_PER_TENSOR = 1024  # elements of each weight that enter the fingerprint
@@ -77,14 +79,56 @@ def block_hashes(root: bytes, tokens: Sequence[int], block_tokens: int = BLOCK_T
     out: list[str] = []
     parent = root
     for start in range(0, len(tokens) - block_tokens + 1, block_tokens):
-        block = tokens[start : start + block_tokens]
-        parent = hashlib.sha256(parent + struct.pack(f"<{block_tokens}q", *block)).digest()
+        parent = block_address(parent, tokens[start : start + block_tokens])
         out.append(parent.hex())
     return out
 
 
+def block_address(parent: bytes, block: Sequence[int]) -> bytes:
+    """The address of the block holding ``block`` after ``parent`` (the previous address or the root)."""
+    return hashlib.sha256(parent + struct.pack(f"<{len(block)}q", *block)).digest()
+
+
 def tail_hash(parent: bytes, first_token: int) -> str:
-    """Hex address of a prefix's last, partial block: named by the whole blocks before it and its first
-    token only, so a reader whose prompt continues differently still finds it (and uses the tokens both
-    share); the latest writer of another continuation replaces it."""
+    """Hex address of the record after ``parent`` for blocks starting with ``first_token``: a prefix's
+    last, partial block, or a link to the latest whole block written there. Named by the whole blocks
+    before it and one token only, so a reader whose prompt continues differently still finds it (and
+    uses the tokens both share); the latest writer of another continuation replaces it."""
     return hashlib.sha256(parent + b"\0tail\0" + struct.pack("<q", first_token)).hexdigest()
+
+
+class PrefixAddresses:
+    """The addresses and expected headers of one tier's records, for one model fingerprint and KV
+    format (chain roots are computed once per namespace).
+
+    Example:
+        >>> addr = PrefixAddresses("f" * 64, "float32")
+        >>> chain = block_hashes(addr.root("m\\x1ft"), list(range(128)))
+        >>> addr.parent(chain, "m\\x1ft", 64).hex() == chain[0]
+        True
+    """
+
+    def __init__(self, fingerprint: str, kv_dtype: str) -> None:
+        self.fingerprint = fingerprint
+        self.kv_dtype = kv_dtype
+        self._roots: dict[str, bytes] = {}
+
+    def root(self, namespace: str) -> bytes:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = chain_root(self.fingerprint, namespace)
+        return root
+
+    def parent(self, chain: Sequence[str], namespace: str, pos: int) -> bytes:
+        """The address before position ``pos`` (a block boundary): the previous block's, or the root."""
+        j = pos // BLOCK_TOKENS
+        return bytes.fromhex(chain[j - 1]) if j else self.root(namespace)
+
+    def meta(
+        self, chain: Sequence[str], namespace: str, pos: int, key: str, tokens: Sequence[int] | None
+    ) -> BlockMeta:
+        """What the record ``key`` after block boundary ``pos`` must claim (``tokens`` None: any)."""
+        parent = self.parent(chain, namespace, pos).hex()
+        return BlockMeta(
+            key, parent, self.fingerprint, self.kv_dtype, None if tokens is None else list(tokens)
+        )

@@ -120,12 +120,6 @@ def info_out(item: Any, collection: str | None = None) -> DocumentOut:
     )
 
 
-def persist(pipeline: Any, index_dir: Path | None) -> None:
-    """Save the index (the pipeline writes a new version and switches to it atomically)."""
-    if index_dir is not None:
-        pipeline.save(index_dir)
-
-
 def _dump(item: Any) -> dict[str, Any]:
     if hasattr(item, "model_dump"):
         dumped: dict[str, Any] = item.model_dump()

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.request import EngineError, QueueFullError
+from rag.stores.protocol import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +226,12 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     return error_response(503, str(exc), code="not_ready", headers=headers)
 
 
+async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StoreUnavailable)
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return error_response(503, str(exc), code="store_unavailable", headers=retry_after(exc.retry_after_s))
+
+
 def generation_failed(exc: BaseException) -> str:
     """The message for an EngineError (which may already say "generation failed")."""
     text = str(exc)
@@ -248,6 +255,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(QueueFullError, _queue_full)
     app.add_exception_handler(TooManyRequests, _too_many)
     app.add_exception_handler(ServiceUnavailable, _unavailable)
+    app.add_exception_handler(StoreUnavailable, _store_unavailable)
     app.add_exception_handler(EngineError, _engine_error)
     app.add_exception_handler(Exception, _unexpected)
 
@@ -304,6 +312,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (422, "Validation error"),
         (429, "Too many requests (see Retry-After)"),
         (500, "Internal error"),
-        (503, "Model not loaded yet"),
+        (503, "Model not loaded yet, or the document store does not answer (see Retry-After)"),
     )
 }

@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engine.tiers.stats import TIER_NAMES, TIER_STATS
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 
@@ -190,50 +192,35 @@ class EngineCollector:
         yield outcomes
 
 
-_DISK_COUNTERS = (
-    ("prefixrag_kv_disk_read_blocks", "read_blocks", "KV blocks read from the disk tier"),
-    ("prefixrag_kv_disk_read_bytes", "read_bytes", "Bytes of KV read from the disk tier"),
-    ("prefixrag_kv_disk_read_seconds", "read_s", "Seconds spent reading (and checking) disk KV blocks"),
-    ("prefixrag_kv_disk_written_blocks", "written_blocks", "KV blocks written to the disk tier"),
-    ("prefixrag_kv_disk_written_bytes", "written_bytes", "Bytes of KV written to the disk tier"),
-    ("prefixrag_kv_disk_write_seconds", "write_s", "Seconds the disk tier's writer spent writing blocks"),
-    ("prefixrag_kv_disk_write_cpu_seconds", "write_cpu_s", "CPU seconds of the disk tier's writer"),
-    ("prefixrag_kv_disk_evictions", "evictions", "Disk KV blocks evicted to stay within the budget"),
-    ("prefixrag_kv_disk_evicted_bytes", "evicted_bytes", "Bytes of disk KV blocks evicted"),
-    ("prefixrag_kv_disk_rejected_blocks", "rejected", "Damaged or foreign disk KV files (misses, deleted)"),
-    ("prefixrag_kv_disk_write_errors", "write_errors", "Disk KV blocks that could not be written"),
-    ("prefixrag_kv_disk_write_dropped", "write_dropped", "Prefixes not written (queue full or budget)"),
-)
-
-
 def _kv_tier_metrics(stats: dict[str, Any]) -> Iterable[Metric]:
-    """KV storage format and per-tier figures: RAM (the prefix cache) and, when on, the disk tier."""
+    """KV storage format and per-tier figures: RAM (the prefix cache) and each tier under it that is on
+    (``prefixrag_kv_<tier>_<metric>``, named in engine.tiers.stats)."""
     kv = stats.get("kv") or {}
     yield _gauge(
         "prefixrag_kv_bytes_per_token",
         "Bytes one token's KV takes in the cache",
         kv.get("bytes_per_token", 0),
     )
-    disk = stats.get("disk") or {}
+    tiers = {name: stats.get(name) or {} for name in TIER_NAMES}
     hits = CounterMetricFamily(
         "prefixrag_kv_tier_hit_tokens", "Prompt tokens whose KV came from each cache tier", labels=["tier"]
     )
     hits.add_metric(["ram"], float(stats.get("cache", {}).get("hit_tokens", 0)))
-    hits.add_metric(["disk"], float(disk.get("hit_tokens", 0)))
+    for name, tier in tiers.items():
+        hits.add_metric([name], float(tier.get("hit_tokens", 0)))
     yield hits
-    if not disk:
-        return
-    for name, key, doc in _DISK_COUNTERS:
-        yield _counter(name, doc, disk.get(key, 0))
-    yield _gauge(
-        "prefixrag_kv_disk_used_bytes",
-        "Bytes of KV block files in the disk tier's folder",
-        disk["used_bytes"],
-    )
-    yield _gauge("prefixrag_kv_disk_capacity_bytes", "The disk tier's byte budget", disk["capacity_bytes"])
-    yield _gauge(
-        "prefixrag_kv_disk_queue_depth", "Prefixes waiting for the disk tier's writer", disk["queue_depth"]
-    )
+    for name, tier in tiers.items():
+        if not tier:
+            continue
+        for stat in TIER_STATS:
+            if stat.metric is None:
+                continue
+            value = tier.get(stat.key)
+            if value is None:  # a figure this tier's store does not report
+                continue
+            metric, doc = f"prefixrag_kv_{name}_{stat.metric}", stat.help.format(tier=name)
+            make = _counter if stat.kind == "counter" else _gauge
+            yield make(metric, doc, value)
 
 
 class MetricsMiddleware:

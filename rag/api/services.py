@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any, Literal
 
 import anyio
@@ -56,6 +57,7 @@ class Services:
             admin_tenant=settings.admin_tenant,
         )
         self.pipeline = pipeline
+        self._owns_pipeline = pipeline is None
         self.engine = engine if engine is not None or pipeline is None else pipeline.engine
         self._owns_engine = self.engine is None
         self._engine_factory: Callable[[], GenerationBackend] = engine_factory or (
@@ -100,6 +102,8 @@ class Services:
             self._loader.join(timeout=300)
         if self._owns_engine and self.engine is not None:
             self.engine.close()
+        if self._owns_pipeline and self.pipeline is not None:
+            self.pipeline.close()
 
     def _load(self) -> None:
         try:
@@ -152,6 +156,13 @@ class Services:
                 self._assembler = _engine_assembler(self.ready_engine()) or False
         return self._assembler or None
 
+    def store_status(self) -> dict[str, Any] | None:
+        """Where the documents are and whether that store answers now (None: no pipeline yet)."""
+        pipeline = self.pipeline
+        if not isinstance(pipeline, Pipeline):
+            return None
+        return asdict(pipeline.kb.store.status())
+
     def model_names(self) -> list[str]:
         engine = self.engine
         names = [engine.model_id] if engine is not None else []
@@ -165,16 +176,21 @@ class Services:
 
 
 def build_pipeline(settings: Settings, engine: GenerationBackend) -> Pipeline:
-    """The pipeline for ``settings.rag`` over ``engine``; opens the index saved in ``settings.index_dir``
-    when there is one (else starts empty and saves there on the first change). With
-    ``settings.warm_up`` the embedder and tokenizer load now rather than on the first question. With
-    ``settings.public_prefix_cache`` the shared collection's chunks are public material."""
+    """The pipeline for ``settings.rag`` over ``engine``, on the document store the settings name:
+    ``document_store`` (shared with other replicas), else ``index_dir`` (loaded when it holds an
+    index, else started empty; every change is saved there; claimed for writing now, so a second
+    server on it fails at startup), else memory. With ``settings.warm_up`` the embedder and tokenizer
+    load now rather than on the first question. With ``settings.public_prefix_cache`` the shared
+    collection's chunks are public material."""
     update: dict[str, Any] = {"engine": settings.engine}  # one engine config: the server's
-    if settings.index_dir is not None:
+    if settings.document_store is not None:
+        update["document_store"] = settings.document_store
+    elif settings.index_dir is not None:
         update["index_dir"] = settings.index_dir
     if settings.public_prefix_cache and settings.shared_collection is not None:
         update["public_collections"] = [settings.shared_collection]
     pipeline = Pipeline.from_config(settings.rag.model_copy(update=update), engine=engine)
+    pipeline.kb.store.claim()
     if settings.warm_up:
         pipeline.warm_up()
     return pipeline

@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from engine.config import EngineConfig
 from engine.paths import kv_cache_dir
 from engine.sampling import DEFAULT_MAX_TOKENS
-from rag.config import RAGConfig
+from rag.config import RAGConfig, StoreURL
 from rag.types import NAME_PATTERN, check_collection
 
 _TENANT = re.compile(NAME_PATTERN)  # a tenant's private collection bears its name
@@ -55,7 +55,8 @@ class Settings(BaseSettings):
         PREFIXRAG_TENANT_COLLECTIONS='{"bob": {"read": ["handbook", "alice"], "write": ["bob"]}}'
         PREFIXRAG_ENGINE__CACHE_BYTES=536870912
         PREFIXRAG_RAG__TOP_K=6
-        PREFIXRAG_INDEX_DIR=/srv/prefixrag/index
+        PREFIXRAG_INDEX_DIR=/srv/prefixrag/index          # or, shared by many replicas:
+        PREFIXRAG_DOCUMENT_STORE=postgresql://rag:secret@db:5432/rag
     """
 
     model_config = SettingsConfigDict(
@@ -71,6 +72,10 @@ class Settings(BaseSettings):
     rag: RAGConfig = Field(default_factory=RAGConfig)
     index_dir: Path | None = Field(
         default=None, description="where the document index lives; loaded at start, saved after each change"
+    )
+    document_store: StoreURL | None = Field(
+        default=None,
+        description="a document store shared by every replica (postgresql://...) instead of index_dir",
     )
     served_model_aliases: list[str] = Field(
         default_factory=list, description="extra model names the OpenAI routes accept besides the engine's"
@@ -197,10 +202,16 @@ class Settings(BaseSettings):
         misplaced = (
             ("engine", "PREFIXRAG_RAG__ENGINE__*", "PREFIXRAG_ENGINE__*"),
             ("index_dir", "PREFIXRAG_RAG__INDEX_DIR", "PREFIXRAG_INDEX_DIR"),
+            ("document_store", "PREFIXRAG_RAG__DOCUMENT_STORE", "PREFIXRAG_DOCUMENT_STORE"),
         )
         for field, variable, instead in misplaced:
             if field in self.rag.model_fields_set:
                 raise ValueError(f"rag.{field} ({variable}) is not used by the server: set {instead} instead")
+        if self.index_dir is not None and self.document_store is not None:
+            raise ValueError(
+                "index_dir (PREFIXRAG_INDEX_DIR) and document_store (PREFIXRAG_DOCUMENT_STORE) name two "
+                "stores: set one of them"
+            )
         return self
 
     def with_disk_cache_default(self) -> Settings:

@@ -62,4 +62,57 @@ def collections_report(results: dict[str, Any], command: str) -> str:
             "",
             collections_table(results["bm25"]),
         ]
+    if "store" in results:
+        parts += ["", store_section(results["store"])]
     return "\n".join(parts) + "\n"
+
+
+def store_section(store: dict[str, Any]) -> str:
+    """The document stores' figures (``rag.benchmark.store_bench``), or why they were not measured.
+
+    >>> print(store_section({"skipped": "no PostgreSQL here"}))
+    ## Document stores: the local index directory vs PostgreSQL shared by replicas
+    <BLANKLINE>
+    Not measured: no PostgreSQL here.
+    """
+    title = "## Document stores: the local index directory vs PostgreSQL shared by replicas"
+    if "skipped" in store:
+        return f"{title}\n\nNot measured: {store['skipped']}."
+    c, ingest, catch, follow = store["config"], store["ingest"], store["catch_up"], store["follow"]
+    lines = [
+        title,
+        "",
+        f"{c['chunks']:,} chunks ({c['dim']}-dim synthetic unit vectors, {c['chunks_per_doc']} per document) "
+        f"in {c['collections']} collections, {c['docs_per_write']} documents per write. Catch-up: a new "
+        "replica opening the store until every chunk is in its FAISS and BM25 indexes. Follow: "
+        f"{follow['writes']} single-document writes at {c['write_rate_hz']:g}/s through one replica, "
+        "from the writer's acknowledgement until the document is in another replica's indexes.",
+        "",
+        "| | local index directory | PostgreSQL |",
+        "|---|---:|---:|",
+        f"| ingest, chunks/s | {ingest['local']['chunks_per_s']:,.0f} | {ingest['postgresql']['chunks_per_s']:,.0f} |",
+        f"| ingest, ms per write (p50) | {ingest['local']['write_ms']['p50']:.1f} | "
+        f"{ingest['postgresql']['write_ms']['p50']:.1f} |",
+        f"| catch-up of a new replica, s | {catch['local']['seconds']:.2f} | {catch['postgresql']['seconds']:.2f} |",
+        f"| chunks loaded | {catch['local']['chunks']:,} | {catch['postgresql']['chunks']:,} |",
+        "",
+        "| follow latency | p50 ms | p95 ms | max ms | missing |",
+        "|---|---:|---:|---:|---:|",
+        f"| PostgreSQL, another replica | {follow['latency_ms']['p50']:.1f} | {follow['latency_ms']['p95']:.1f} "
+        f"| {follow['latency_ms']['max']:.1f} | {follow['missing']} |",
+        "",
+        f"| dense search of one collection (top {c['top_k']}) | p50 ms | p95 ms |",
+        "|---|---:|---:|",
+    ]
+    for name, t in store["search"].items():
+        lines.append(f"| {name} | {t['p50']:.3f} | {t['p95']:.3f} |")
+    during = follow["search_during_ms"]
+    lines.append(
+        f"| postgresql follower, while following the writes | {during['p50']:.3f} | {during['p95']:.3f} |"
+    )
+    lines += [
+        "",
+        "Search runs on the same in-memory FAISS whichever store filled it; the local directory saves "
+        "a new version per write (its changed collection rewritten), PostgreSQL commits one transaction.",
+    ]
+    return "\n".join(lines)

@@ -70,7 +70,7 @@ class BenchConfig(BaseModel):
     engine_bfloat16: bool = Field(
         default=True, description="also measure bfloat16 against float32, side by side, in the engine section"
     )
-    kv_section: bool = Field(default=True, description="KV storage formats and the disk tier")
+    kv_section: bool = Field(default=True, description="KV storage formats, the disk and the remote tier")
     kv_repeats: int = Field(
         default=2, ge=1, description="rounds of cold / RAM-warm / disk-after-restart TTFT"
     )
@@ -79,6 +79,12 @@ class BenchConfig(BaseModel):
     kv_fidelity_tokens: int = Field(default=16, ge=1)
     kv_break_even_lengths: tuple[int, ...] = (64, 256, 1024)
     kv_zero_hit_requests: int = Field(default=6, ge=2)
+    kv_remote: bool = Field(
+        default=True,
+        description="also the remote (Redis) tier: a replica on another home reading what one prefilled, "
+        "the restart case; runs a throwaway redis-server on 127.0.0.1 (the report says so where none is "
+        "installed)",
+    )
     weights_section: bool = Field(
         default=True, description="int8 vs float32 weights vs llama.cpp, side by side, and int8's fidelity"
     )

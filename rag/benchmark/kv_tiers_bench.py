@@ -1,6 +1,7 @@
 """KV tiers benchmark: bytes per token and fidelity of each KV storage format, and TTFT from the disk
 tier after a restart against RAM-warm and cold, with the disk's read throughput, the break-even prefix
-length, and the TTFT at 0% hits with the disk tier writing.
+length, and the TTFT at 0% hits with the disk tier writing; then the remote tier through Redis
+(rag.benchmark.kv_remote_bench).
 
 Everything is measured side by side in one process, interleaved, and reported as medians and ratios.
 A "restart" is a fresh Engine (empty RAM cache, a new disk tier that scans the folder) over the same
@@ -53,6 +54,7 @@ def run_kv_tiers_bench(
     break_even_lengths: Sequence[int] = (64, 256, 1024),
     zero_hit_requests: int = 4,
     working_set_tokens: int | None = None,
+    remote: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """All figures of the KV tiers section as plain data (see the module docstring)."""
@@ -77,9 +79,18 @@ def run_kv_tiers_bench(
             say(f"disk tier: TTFT after a restart ({kv} KV)")
             out["disk_ttft"][kv] = disk_ttft(loaded, prompts, kv, scratch / kv, repeats)
         say("disk tier: break-even prefix length")
-        out["break_even"] = break_even(loaded, prompts[0], scratch / "break-even", break_even_lengths)
+        folder = scratch / "break-even"
+        out["break_even"] = break_even(
+            loaded, prompts[0], break_even_lengths, cold_files=folder, disk_cache_dir=folder
+        )
         say("disk tier: TTFT at 0% hits while writing")
-        out["zero_hit"] = zero_hit(loaded, prompts, scratch / "zero-hit", zero_hit_requests)
+        out["zero_hit"] = zero_hit(loaded, prompts, zero_hit_requests, disk_cache_dir=scratch / "zero-hit")
+        if remote:
+            from rag.benchmark.kv_remote_bench import run_remote_section
+
+            out["remote"] = run_remote_section(
+                loaded, prompts, scratch / "remote", repeats, break_even_lengths, zero_hit_requests, say
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     out["prompt_tokens"] = out["disk_ttft"][disk_kv_dtypes[0]]["prompt_tokens"] if disk_kv_dtypes else 0
@@ -240,7 +251,7 @@ def disk_ttft(
         "cold_over_disk_first": _median(cold) / _median(disk_first),
         "read_mb_s": read_bytes / read_s / 1e6 if read_s else math.nan,
         "read_ms_per_block": 1000 * read_s / blocks if blocks else math.nan,
-        "disk_phase_s": _median([p.get("disk", 0.0) for p in phases]),
+        "disk_phase_s": _median([p.get("tiers", 0.0) for p in phases]),
         "repeats": repeats,
     }
 
@@ -262,14 +273,18 @@ def drop_page_cache(folder: Path) -> int:
 # ---- break-even and 0% hits ----------------------------------------------------------------------
 
 
-def break_even(loaded: LoadedModel, prompt: Any, folder: Path, lengths: Sequence[int]) -> dict[str, Any]:
-    """Time to load L tokens from disk (cold files: read, verify, decode) against computing them, for
-    each prefix length L, on recycled buffers; the line fits give the length where they cross."""
-    eng = _engine(loaded, disk_cache_dir=folder)
+def break_even(
+    loaded: LoadedModel, prompt: Any, lengths: Sequence[int], *, cold_files: Path | None = None, **tier: Any
+) -> dict[str, Any]:
+    """Time to load L tokens from the tier ``tier`` configures (``disk_cache_dir`` or
+    ``remote_cache_url``; read, verify, decode; ``cold_files``: the disk tier's files dropped from the
+    page cache first) against computing them, for each prefix length L, on recycled buffers; the line
+    fits give the length where they cross."""
+    eng = _engine(loaded, **tier)
     try:
         ids = eng.encode(prompt)
         eng.generate(ids, ONE_TOKEN)
-        assert eng.disk is not None and eng.disk.flush(600)
+        assert eng.tiers.flush(600)
         runner, ns = eng.runner, eng._namespace("")
         buf = runner.new_buffer(len(ids))
         runner.prefill(ids[:BLOCK_TOKENS], buf)  # first touch of the buffer's pages
@@ -278,25 +293,26 @@ def break_even(loaded: LoadedModel, prompt: Any, folder: Path, lengths: Sequence
             n = min(n // BLOCK_TOKENS * BLOCK_TOKENS, (len(ids) - 1) // BLOCK_TOKENS * BLOCK_TOKENS)
             loads, computes = [], []
             for _ in range(3):
-                drop_page_cache(folder)
+                if cold_files is not None:
+                    drop_page_cache(cold_files)
                 buf.truncate(0)
                 t0 = time.perf_counter()
-                got = eng.disk.extend(buf, ids, ns, limit=n)
+                got = eng.tiers.extend(buf, ids, ns, limit=n)
                 loads.append(time.perf_counter() - t0)
                 assert got == n, (got, n)
                 buf.truncate(0)
                 t0 = time.perf_counter()
                 runner.prefill(ids[:n], buf)
                 computes.append(time.perf_counter() - t0)
-            rows.append({"tokens": n, "disk_s": _median(loads), "compute_s": _median(computes)})
+            rows.append({"tokens": n, "load_s": _median(loads), "compute_s": _median(computes)})
     finally:
         eng.close()
     return {"rows": rows, "break_even_tokens": _crossing(rows)}
 
 
 def _crossing(rows: list[dict[str, Any]]) -> float:
-    """Tokens where the fitted disk and compute lines cross (0: disk is faster at every length; inf:
-    they never cross because computing costs less per token than reading)."""
+    """Tokens where the fitted load and compute lines cross (0: loading is faster at every length; inf:
+    they never cross because computing costs less per token than loading)."""
 
     def fit(key: str) -> tuple[float, float]:
         xs, ys = [r["tokens"] for r in rows], [r[key] for r in rows]
@@ -306,16 +322,16 @@ def _crossing(rows: list[dict[str, Any]]) -> float:
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
         return my - slope * mx, slope
 
-    (a_disk, b_disk), (a_comp, b_comp) = fit("disk_s"), fit("compute_s")
-    if b_comp <= b_disk:
+    (a_load, b_load), (a_comp, b_comp) = fit("load_s"), fit("compute_s")
+    if b_comp <= b_load:
         return math.inf
-    return max(0.0, (a_disk - a_comp) / (b_comp - b_disk))
+    return max(0.0, (a_load - a_comp) / (b_comp - b_load))
 
 
-def zero_hit(loaded: LoadedModel, prompts: Sequence[Any], folder: Path, requests: int) -> dict[str, Any]:
-    """TTFT of prompts nothing is cached for, back to back (the disk writer overlaps the next prefill),
-    with the disk tier on against caching off, interleaved."""
-    tiered = _engine(loaded, disk_cache_dir=folder)
+def zero_hit(loaded: LoadedModel, prompts: Sequence[Any], requests: int, **tier: Any) -> dict[str, Any]:
+    """TTFT of prompts nothing is cached for, back to back (the tier's writer overlaps the next prefill),
+    with the tier ``tier`` configures on against caching off, interleaved."""
+    tiered = _engine(loaded, **tier)
     off = _engine(loaded, enable_prefix_cache=False)
     on_s: list[float] = []
     off_s: list[float] = []
@@ -326,14 +342,14 @@ def zero_hit(loaded: LoadedModel, prompts: Sequence[Any], folder: Path, requests
             pair = ((tiered, on_s), (off, off_s)) if i % 2 == 0 else ((off, off_s), (tiered, on_s))
             for eng, sink in pair:
                 sink.append(eng.generate(prompt, ONE_TOKEN, namespace=f"fresh-{i}").ttft_s)
-        assert tiered.disk is not None and tiered.disk.flush(600)
-        written = tiered.stats()["disk"]
+        assert tiered.tiers.flush(600)
+        written = tiered.stats()[tiered.tiers.names[0]]
     finally:
         tiered.close()
         off.close()
     return {
         "requests": requests,
-        "disk_on_s": _median(on_s),
+        "tier_on_s": _median(on_s),
         "caching_off_s": _median(off_s),
         "overhead": _median(on_s) / _median(off_s) - 1.0,
         "write_ms_per_block": 1000 * written["write_s"] / max(written["written_blocks"], 1),
@@ -346,7 +362,8 @@ def zero_hit(loaded: LoadedModel, prompts: Sequence[Any], folder: Path, requests
 
 
 def kv_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 15's targets, each with the measured value and whether it is met."""
+    """Issue 15's targets (and issue 25's, for the remote tier), each with the measured value and whether
+    it is met."""
     bpt = section["bytes_per_token"]
     out = [
         _target(
@@ -397,10 +414,12 @@ def kv_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
                 "no regression at 0% hits with the disk tier writing (<= 3%)",
                 zero["overhead"],
                 zero["overhead"] <= 0.03,
-                f"{zero['disk_on_s']:.2f} s vs caching off {zero['caching_off_s']:.2f} s",
+                f"{zero['tier_on_s']:.2f} s vs caching off {zero['caching_off_s']:.2f} s",
             )
         )
-    return out
+    from rag.benchmark.kv_remote_bench import remote_targets
+
+    return out + remote_targets(section.get("remote"))
 
 
 def _target(target: str, value: float, met: bool, note: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from rag.benchmark.chunks_report import chunks_markdown
 from rag.benchmark.exactness_report import exactness_markdown
+from rag.benchmark.kv_remote_report import remote_rows
 from rag.benchmark.measure import OFF, TRANSFORMERS
 from rag.benchmark.plots import PLOTS, draw_all
 from rag.benchmark.quality_report import quality_markdown
@@ -459,10 +460,10 @@ def _radix_section(res: dict[str, Any]) -> str:
 def _kv_section(res: dict[str, Any]) -> str:
     kv = res.get("kv_section")
     if not kv:
-        return "## KV tiers: storage formats and the disk tier\n\nNot run (`--no-kv-section`)."
+        return "## KV tiers: storage formats, the disk and the remote tier\n\nNot run (`--no-kv-section`)."
     fid, bpt = kv["fidelity"], kv["bytes_per_token"]
     rows = [
-        "## KV tiers: storage formats and the disk tier",
+        "## KV tiers: storage formats, the disk and the remote tier",
         "",
         f"KV storage formats for {kv['model']}: bytes per token, and fidelity "
         f"against float32 KV over {fid['prompts']} RAG prompts of {kv['prompt_tokens']:,} tokens, "
@@ -512,7 +513,7 @@ def _kv_section(res: dict[str, Any]) -> str:
         )
     be, zero = kv["break_even"], kv["zero_hit"]
     points = ", ".join(
-        f"{r['tokens']} tokens: disk {_n(r['disk_s'], '.4f')} s vs compute {_n(r['compute_s'], '.3f')} s"
+        f"{r['tokens']} tokens: disk {_n(r['load_s'], '.4f')} s vs compute {_n(r['compute_s'], '.3f')} s"
         for r in be["rows"]
     )
     crossing = be["break_even_tokens"]
@@ -526,15 +527,16 @@ def _kv_section(res: dict[str, Any]) -> str:
             if isinstance(crossing, (int, float)) and math.isfinite(crossing)
             else "nowhere: computing is cheaper per token than reading (check the disk)"
         )
-        + ", and the disk tier's unit is one 64-token block.",
+        + "; the disk tier stores 64-token blocks and reads the last one in part where a prompt diverges.",
         "",
         f"0% hits, {zero['requests']} prompts back to back (the disk writer overlaps the next prefill): TTFT "
-        f"{_n(zero['disk_on_s'], '.2f')} s with the disk tier on vs {_n(zero['caching_off_s'], '.2f')} s caching "
+        f"{_n(zero['tier_on_s'], '.2f')} s with the disk tier on vs {_n(zero['caching_off_s'], '.2f')} s caching "
         f"off ({_n(zero['overhead'], '+.1%')}); the writer spent {_n(zero['write_ms_per_block'], '.1f')} ms per "
         f"block, {_n(zero.get('write_cpu_ms_per_block'), '.1f')} ms of it on the CPU (the rest waits on fsync), "
         f"{_n(zero['written_mb'], '.0f')} MB written. Blocks are written when they are inserted, not when RAM evicts "
         "them: then a SIGKILL or a restart loses nothing the RAM tier held, and replicas see each other's "
         "blocks at once.",
+        *remote_rows(kv.get("remote")),
         "",
         "| target | value | met | note |",
         "|---|---|---|---|",

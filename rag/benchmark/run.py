@@ -350,6 +350,7 @@ def _kv_section(
             break_even_lengths=config.kv_break_even_lengths,
             zero_hit_requests=config.kv_zero_hit_requests,
             working_set_tokens=working_set_tokens,
+            remote=config.kv_remote,
             progress=lambda msg: step(f"kv section: {msg}"),
         )
     out["targets"] = kv_targets(out)
@@ -434,7 +435,7 @@ def _total_steps(config: BenchConfig) -> int:
         if config.chunks_section
         else 0
     )
-    kv = 3 + len(config.kv_disk_dtypes) if config.kv_section else 0
+    kv = 3 + len(config.kv_disk_dtypes) + 4 * int(config.kv_remote) if config.kv_section else 0
     retrieval = 2 * int(config.retrieval_section)
     quality = quality_steps(config) if config.quality_section else 0
     exactness = (2 + (len(code_paths()) if config.exactness_all_paths else 1)) * int(config.exactness_section)

@@ -150,6 +150,7 @@ class Replica:
         host: str = "127.0.0.1",
         model: str = DEFAULT_MODEL,
         index_dir: Path | None = None,
+        document_store: str | None = None,
         log_dir: Path,
         threads: int | None = None,
         warm_up: bool = False,
@@ -161,9 +162,13 @@ class Replica:
         self.port = port or free_port(host)
         self.model = model
         self.name = name
-        self.index_dir = index_dir or log_dir / f"{name}-index"
+        self.document_store = document_store
+        self.index_dir = None if document_store else index_dir or log_dir / f"{name}-index"
         self.shutdown_timeout_s = shutdown_timeout_s
         extra = {
+            **(
+                {"PREFIXRAG_DOCUMENT_STORE": document_store} if document_store else {}
+            ),  # not in argv: ps shows argv
             "PREFIXRAG_WARM_UP": str(warm_up).lower(),
             "PREFIXRAG_SHUTDOWN_TIMEOUT_S": str(shutdown_timeout_s),
             "TOKENIZERS_PARALLELISM": "false",
@@ -175,7 +180,8 @@ class Replica:
             **(env or {}),
         }
         argv = [sys.executable, "-m", "rag.cli", "serve", "--host", host, "--port", str(self.port)]
-        argv += ["--index", str(self.index_dir), "--model", model, "--log-level", "warning"]
+        argv += ["--index", str(self.index_dir)] if self.index_dir is not None else []
+        argv += ["--model", model, "--log-level", "warning"]
         self.process = ManagedProcess(name, argv, log_path=log_dir / f"{name}.log", env=child_env(extra))
 
     @property
@@ -299,9 +305,10 @@ class Cluster:
     """``replicas`` x ``prefixrag serve`` behind one sglang-router, as a context manager.
 
     ``threads_per_replica`` defaults to the cores divided among the replicas (torch threads of
-    several processes fighting over the same cores slow every one of them down). Each replica gets
-    its own empty index unless ``index_dir`` is given, which they then all open (documents added
-    through the router reach one replica only: ingest before starting the cluster).
+    several processes fighting over the same cores slow every one of them down). With
+    ``document_store`` (a PostgreSQL URL) every replica serves the same documents: a write through
+    any replica is served by all. Otherwise each replica gets its own empty index, or, with one
+    replica, ``index_dir`` (a local index directory has one writer: several replicas are refused).
 
     Example:
         >>> with Cluster(replicas=2, policy="round_robin") as c:      # doctest: +SKIP
@@ -318,6 +325,7 @@ class Cluster:
         port: int = 0,
         model: str = DEFAULT_MODEL,
         index_dir: Path | None = None,
+        document_store: str | None = None,
         threads_per_replica: int | None = None,
         warm_up: bool = False,
         startup_timeout_s: float = 240.0,
@@ -330,8 +338,17 @@ class Cluster:
             raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if index_dir is not None and document_store is not None:
+            raise ValueError("index_dir and document_store name two stores: give one of them")
+        if index_dir is not None and replicas > 1:
+            raise ValueError(
+                f"{replicas} replicas cannot share the index directory {index_dir}: it has a single "
+                "writer (each replica would keep its own copy and lose the others' writes); give them "
+                "one shared store with --document-store postgresql://... instead"
+            )
         self.policy = policy
         self.model = model
+        self.document_store = document_store
         self.startup_timeout_s = startup_timeout_s
         self._own_log_dir = log_dir is None  # made on start (by the first log file), removed on stop
         self.log_dir = Path(
@@ -343,6 +360,7 @@ class Cluster:
                 host=host,
                 model=model,
                 index_dir=index_dir,
+                document_store=document_store,
                 log_dir=self.log_dir,
                 threads=threads,
                 warm_up=warm_up,
@@ -443,7 +461,7 @@ def wait_for(checks: Sequence[Callable[[], bool]], timeout_s: float, what: str) 
 def child_env(extra: Mapping[str, str]) -> dict[str, str]:
     """This process's environment plus ``extra``, with this checkout first on PYTHONPATH (children
     run the same ``rag`` code as the parent, whatever their working directory)."""
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the checkout (rag/deploy/cluster.py)
     env = {**os.environ, **extra}
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
     return env

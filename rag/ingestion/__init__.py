@@ -1,1 +1,1 @@
-"""rag.ingestion: loaders, chunking, collections and the index's on-disk format."""
+"""rag.ingestion: loaders and chunking (where documents are kept: ``rag.stores``)."""

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from rag.retrieval.retriever import Retriever, check_query
+from rag.query import Query
+from rag.retrieval.retriever import QueryRetriever
 from rag.types import ScoredChunk
 
 _FETCH_FACTOR = 4  # first fetch: this many times top_k
@@ -45,16 +46,19 @@ class DiverseRetriever:
         4
     """
 
-    def __init__(self, inner: Retriever, per_document: int = 1) -> None:
+    def __init__(self, inner: QueryRetriever, per_document: int = 1) -> None:
         if per_document <= 0:
             raise ValueError(f"per_document must be > 0, got {per_document}")
         self.inner, self.per_document = inner, per_document
 
     def retrieve(self, query: str, top_k: int) -> list[ScoredChunk]:
-        check_query(query, top_k)
+        return self.search(Query.of(query, top_k))
+
+    def search(self, query: Query) -> list[ScoredChunk]:
+        top_k = query.top_k
         fetch = _FETCH_FACTOR * top_k
         while True:
-            hits = self.inner.retrieve(query, fetch)
+            hits = self.inner.search(query.deeper(fetch))
             kept, skipped = _within_cap(hits, self.per_document, top_k)
             exhausted = len(hits) < fetch or fetch >= _MAX_FETCH_FACTOR * top_k
             if len(kept) == top_k or exhausted:

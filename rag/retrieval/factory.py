@@ -19,7 +19,13 @@ from rag.retrieval.embedder import Embedder
 from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import CrossEncoderReranker, EmbeddingReranker, NoReranker, Reranker
-from rag.retrieval.retriever import BM25Retriever, DenseRetriever, HybridRetriever, QueryEmbedder, Retriever
+from rag.retrieval.retriever import (
+    BM25Retriever,
+    DenseRetriever,
+    HybridRetriever,
+    QueryEmbedder,
+    QueryRetriever,
+)
 from rag.retrieval.windows import WindowSource
 from rag.types import Chunk
 
@@ -38,13 +44,13 @@ def make_retriever(
     *,
     mode: RetrievalMode | None = None,
     fusion: Fusion | None = None,
-) -> Retriever:
+) -> QueryRetriever:
     """The first-stage retriever for ``mode`` (default: the config's); ``fusion`` overrides the
     config's for hybrid mode. With ``max_chunks_per_document`` > 0 its results are diversified."""
     mode = mode or config.retrieval_mode
     dense = DenseRetriever(embedder, index, chunks)
     lexical = BM25Retriever(bm25, chunks)
-    retriever: Retriever
+    retriever: QueryRetriever
     if mode == "dense":
         retriever = dense
     elif mode == "bm25":

@@ -23,8 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from rag.ingestion.chunking import Chunker
+from rag.query import check_top_k
 from rag.retrieval.embedder import Embedder, _hub_offline
-from rag.retrieval.retriever import check_top_k
 from rag.retrieval.windows import WINDOW_OVERLAP, WINDOW_TOKENS, WindowCache, WindowSource, WindowVectors
 from rag.types import ScoredChunk
 

@@ -1,6 +1,8 @@
 """First-stage retrieval: dense (FAISS), lexical (BM25) and their fusion, all returning ScoredChunks.
 
-Every retriever has ``retrieve(query, top_k) -> list[ScoredChunk]``, best first. ``HybridRetriever``
+Every retriever has ``retrieve(query, top_k) -> list[ScoredChunk]``, best first, which checks its
+arguments, and ``search(Query)``, which takes a query checked already (``rag.query``: what the
+knowledge base and the retrievers wrapping others call, so nothing is checked twice). ``HybridRetriever``
 pools the top ``pool`` candidates of each side, completes the missing side's score for every pooled
 chunk (exact cosine from the stored vectors, exact BM25), and fuses either by a weighted sum of
 min-max-normalised scores (``"weighted"``, the measured default) or by reciprocal rank (``"rrf"``).
@@ -18,6 +20,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from rag.query import Query
 from rag.retrieval.bm25 import BM25Index
 from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
@@ -31,24 +34,17 @@ class Retriever(Protocol):
     def retrieve(self, query: str, top_k: int) -> list[ScoredChunk]: ...
 
 
-def check_top_k(top_k: int) -> int:
-    """``top_k`` itself, or ValueError naming it when it is not a positive int (the one owner of this rule)."""
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
-        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
-    return top_k
+@runtime_checkable
+class QueryRetriever(Retriever, Protocol):
+    """A retriever that also takes a checked ``Query`` (every retriever here is one)."""
+
+    def search(self, query: Query) -> list[ScoredChunk]: ...
 
 
 class QueryEmbedder(Protocol):
     """What dense retrieval needs from an embedder (``rag.retrieval.embedder.Embedder`` is one)."""
 
     def embed_query(self, text: str) -> np.ndarray: ...
-
-
-def check_query(query: str, top_k: int) -> None:
-    """ValueError naming the bad value for a blank query or a top_k that is not a positive int."""
-    if not isinstance(query, str) or not query.strip():
-        raise ValueError(f"query must be a non-empty string, got {query!r}")
-    check_top_k(top_k)
 
 
 def _hits(pairs: Sequence[tuple[str, float]], chunks: Mapping[str, Chunk]) -> list[ScoredChunk]:
@@ -75,10 +71,12 @@ class DenseRetriever:
         return self.embedder.embed_query(query)
 
     def retrieve(self, query: str, top_k: int) -> list[ScoredChunk]:
-        check_query(query, top_k)
+        return self.search(Query.of(query, top_k))
+
+    def search(self, query: Query) -> list[ScoredChunk]:
         if not len(self.index):
             return []
-        return _hits(self.index.search(self.embed_query(query), top_k), self.chunks)
+        return _hits(self.index.search(self.embed_query(query.text), query.top_k), self.chunks)
 
     def score(self, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:
         """Exact cosine of the query with each chunk (its best vector)."""
@@ -97,8 +95,10 @@ class BM25Retriever:
         self.bm25, self.chunks = bm25, chunks
 
     def retrieve(self, query: str, top_k: int) -> list[ScoredChunk]:
-        check_query(query, top_k)
-        return _hits(self.bm25.search(query, top_k), self.chunks)
+        return self.search(Query.of(query, top_k))
+
+    def search(self, query: Query) -> list[ScoredChunk]:
+        return _hits(self.bm25.search(query.text, query.top_k), self.chunks)
 
     def score(self, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:
         """BM25 score of each chunk (0 for chunks sharing no term with the query)."""
@@ -156,10 +156,12 @@ class HybridRetriever:
         self.fusion, self.dense_weight, self.rrf_k, self.pool = fusion, dense_weight, rrf_k, pool
 
     def retrieve(self, query: str, top_k: int) -> list[ScoredChunk]:
-        check_query(query, top_k)
-        depth = max(self.pool, top_k)
-        dense_hits = self.dense.retrieve(query, depth)
-        lexical_hits = self.lexical.retrieve(query, depth)
+        return self.search(Query.of(query, top_k))
+
+    def search(self, query: Query) -> list[ScoredChunk]:
+        pooled_query = query.deeper(max(self.pool, query.top_k))
+        dense_hits = self.dense.search(pooled_query)
+        lexical_hits = self.lexical.search(pooled_query)
         weights = (self.dense_weight, 1.0 - self.dense_weight)
         if self.fusion == "rrf":
             rankings = [[h.chunk_id for h in dense_hits], [h.chunk_id for h in lexical_hits]]
@@ -167,7 +169,7 @@ class HybridRetriever:
         else:
             pooled = list(dict.fromkeys(h.chunk_id for h in [*dense_hits, *lexical_hits]))
             fused = weighted_fusion(
-                [self.dense.score(query, pooled), self.lexical.score(query, pooled)], weights
+                [self.dense.score(query.text, pooled), self.lexical.score(query.text, pooled)], weights
             )
-        best = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]
+        best = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[: query.top_k]
         return _hits(best, self.dense.chunks)

@@ -3,8 +3,10 @@
 A 256-token chunk is longer than MiniLM reads well, and one sentence can drown in it, so the reranker
 looks at overlapping windows of ``window_tokens`` LLM tokens (``window_overlap`` shared), each
 prefixed with the chunk's title (``metadata["title"]``), embedded. They are a property of the chunk:
-the knowledge base computes them when it indexes the chunk and keeps them beside its vector
-(``rag.ingestion.collection``), so a rerank costs one dot product per window.
+the knowledge base computes them when it indexes the chunk and hands them to the document store with
+its vector, as the chunk's extra vector set named ``WindowVectors.set_name`` (``ChunkRecord.extra``;
+in memory ``rag.stores.collection.Collection.extra``), so a rerank costs one dot product per window.
+The name carries the settings they were computed with: vectors computed with others are never read.
 
 ``WindowSource`` is the role the reranker reads them through; ``WindowCache`` is the stand-alone one
 (computed on first sight, kept per chunk id), for a reranker used without a knowledge base.
@@ -17,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -28,6 +31,7 @@ from rag.retrieval.embedder import Embedder
 
 WINDOW_TOKENS = 96
 WINDOW_OVERLAP = 32
+WINDOW_SET_PREFIX = "windows:"  # the extra vector sets of a chunk that hold window vectors
 
 
 class ChunkText(Protocol):
@@ -80,6 +84,12 @@ class WindowVectors:
             "window_overlap": self.window_overlap,
         }
 
+    @property
+    def set_name(self) -> str:
+        """The name of the chunks' extra vector set these windows are stored under: the settings in
+        it, so a set computed with other settings is another set (``window_set_name``)."""
+        return window_set_name(self.settings)
+
     def embed(self, chunks: Sequence[ChunkText], *, show_progress: bool = False) -> list[np.ndarray]:
         """Each chunk's window vectors, embedded in one batch."""
         owners, texts = [], []
@@ -93,6 +103,21 @@ class WindowVectors:
         vectors = self.embedder.embed(texts, show_progress=show_progress)  # [windows, dim]
         index = np.asarray(owners)
         return [vectors[index == n] for n in range(len(chunks))]
+
+
+def window_set_name(settings: dict[str, Any]) -> str:
+    """``WINDOW_SET_PREFIX`` then the settings as compact, sorted JSON.
+
+    Example:
+        >>> window_set_name({"embedder": "m", "window_tokens": 96, "window_overlap": 32})
+        'windows:{"embedder":"m","window_overlap":32,"window_tokens":96}'
+    """
+    return WINDOW_SET_PREFIX + json.dumps(settings, sort_keys=True, separators=(",", ":"))
+
+
+def window_text(chunk: ChunkText) -> tuple[str, object]:
+    """What a chunk's window vectors are computed from: another title, other vectors."""
+    return chunk.text, chunk.metadata.get("title")
 
 
 class WindowCache:

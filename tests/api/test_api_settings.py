@@ -25,6 +25,7 @@ def test_engine_and_rag_variables_reach_the_pipeline(monkeypatch, tmp_path):
         ("PREFIXRAG_RAG__ENGINE__CACHE_BYTES", "1048576", "PREFIXRAG_ENGINE__*"),
         ("PREFIXRAG_RAG__ENGINE__MODEL", "some-model", "PREFIXRAG_ENGINE__*"),
         ("PREFIXRAG_RAG__INDEX_DIR", "/srv/index", "PREFIXRAG_INDEX_DIR"),
+        ("PREFIXRAG_RAG__DOCUMENT_STORE", "postgresql://rag@db/rag", "PREFIXRAG_DOCUMENT_STORE"),
     ],
 )
 def test_a_setting_the_server_would_ignore_is_an_error(monkeypatch, variable, value, instead):
@@ -33,3 +34,14 @@ def test_a_setting_the_server_would_ignore_is_an_error(monkeypatch, variable, va
         ValidationError, match=f"is not used by the server: set {instead.replace('*', '[*]')}"
     ):
         Settings()
+
+
+def test_one_document_store_and_a_valid_url(monkeypatch, tmp_path):
+    monkeypatch.setenv("PREFIXRAG_DOCUMENT_STORE", "postgresql://rag:s3cret@db:5432/rag")
+    assert Settings().document_store == "postgresql://rag:s3cret@db:5432/rag"
+    with pytest.raises(ValidationError, match="name two stores: set one of them"):
+        Settings(index_dir=tmp_path / "index")
+    monkeypatch.setenv("PREFIXRAG_DOCUMENT_STORE", "mysql://rag:s3cret@db/rag")
+    with pytest.raises(ValidationError, match="must be a PostgreSQL URL") as refused:
+        Settings()
+    assert "s3cret" not in str(refused.value).split("input_value")[0]  # the message hides the password

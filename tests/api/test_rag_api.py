@@ -283,14 +283,15 @@ def test_server_keeps_serving(http):
 
 
 def test_ingestion_persists(http, settings, engine):
-    """What was acknowledged is in the saved index: a pipeline loaded from it has the documents."""
-    from rag.api.services import build_pipeline
+    """What was acknowledged is in the saved index: a pipeline loaded from it (a reader: the server
+    holds the directory for writing) has the documents."""
+    from rag.pipeline import Pipeline
 
     assert (
         http.post("/v1/documents", json=[{"id": "durable.md", "text": "Saved before the 201."}]).status_code
         == 201
     )
-    reloaded = build_pipeline(settings, engine)
+    reloaded = Pipeline.load(settings.index_dir, engine=engine)
     ids = {getattr(d, "id", None) for d in reloaded.list_documents()}
     assert {"durable.md", "zorblax.md", "notes.md"} <= ids
 

@@ -31,22 +31,27 @@ def user(home, monkeypatch) -> CliRunner:
     return CliRunner()
 
 
-def test_ingest_then_ask(user, tmp_path):
+@pytest.mark.parametrize("store", ["index", "document-store"])
+def test_ingest_then_ask(user, tmp_path, request, store):
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "kestrel.md").write_text("# Kestrel lab\n\nThe Kestrel lab wifi password is bluefinch22.\n")
     (docs / "lyon.txt").write_text("The Lyon office has a blue door and a red bicycle rack.\n")
     index = tmp_path / "index"
+    where = (
+        ["--index", str(index)]
+        if store == "index"
+        else ["--document-store", request.getfixturevalue("postgres_url")]
+    )
 
-    first = user.invoke(app, ["ingest", str(docs), "--index", str(index)])
+    first = user.invoke(app, ["ingest", str(docs), *where])
     assert first.exit_code == 0, first.output
-    assert "2 added, 0 updated, 0 unchanged" in first.output and (index / "CURRENT").exists()
-    again = user.invoke(app, ["ingest", str(docs), "--index", str(index)])
+    assert "2 added, 0 updated, 0 unchanged" in first.output
+    assert (index / "CURRENT").exists() if store == "index" else "postgres:***@" in first.output
+    again = user.invoke(app, ["ingest", str(docs), *where])
     assert "0 added, 0 updated, 2 unchanged" in again.output, again.output
 
-    asked = user.invoke(
-        app, ["ask", "What is the Kestrel lab wifi password?", "--index", str(index), "--max-tokens", "12"]
-    )
+    asked = user.invoke(app, ["ask", "What is the Kestrel lab wifi password?", *where, "--max-tokens", "12"])
     assert asked.exit_code == 0, asked.output
     assert "bluefinch" in asked.output and "kestrel.md" in asked.output
     assert "time to first token" in asked.output

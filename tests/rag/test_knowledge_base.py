@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from rag.config import RAGConfig
-from rag.ingestion.persist import current_version
 from rag.knowledge_base import KnowledgeBase
 from rag.retrieval.index import VectorIndex
+from rag.stores.local.versions import current_version
 from rag.types import Document
 from tests.rag.corpus import SMALL_CORPUS
 
@@ -158,7 +158,6 @@ def test_process_killed_mid_save_leaves_previous_index_loadable(make_kb, embedde
         from rag.knowledge_base import KnowledgeBase
 
         kb = KnowledgeBase.load({str(tmp_path)!r})
-        kb.delete_document("cats.md")
         real_write = VectorIndex.write
 
         def write_then_die(self, directory):
@@ -166,7 +165,7 @@ def test_process_killed_mid_save_leaves_previous_index_loadable(make_kb, embedde
             os.kill(os.getpid(), signal.SIGKILL)  # no cleanup handlers run
 
         VectorIndex.write = write_then_die
-        kb.save({str(tmp_path)!r})
+        kb.delete_document("cats.md")  # saved before it returns: the process dies mid-save
         """
     )
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=120)

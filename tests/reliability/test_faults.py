@@ -15,7 +15,8 @@ import pytest
 from engine import Engine, EngineConfig, SamplingParams
 from engine.request import EngineError
 from rag.api import Settings
-from rag.ingestion.persist import POINTER, current_version
+from rag.stores.local.lock import LOCK_FILE
+from rag.stores.local.versions import POINTER, current_version
 from tests.api.helpers import assert_error, wait_until
 from tests.reliability import support
 
@@ -133,7 +134,7 @@ def test_sigkill_during_ingestion_keeps_every_acknowledged_document(tmp_path, se
         # the service writes on: a new version, and the leftovers of the killed save are gone
         assert http.post("/v1/documents", json=[_doc(9, 0)]).status_code == 201
     names = {p.name for p in index.iterdir()}
-    assert names == {POINTER, current_version(index).name}, names
+    assert names == {POINTER, LOCK_FILE, current_version(index).name}, names
     assert current_version(index) != live
 
 

@@ -26,6 +26,7 @@ from engine.tiers.blockfile import TEMP_PREFIX
 from rag.api import Settings
 from tests.api.conftest import make_engine
 from tests.api.helpers import metric_value, wait_until
+from tests.engine.tiers.records import block_files
 from tests.reliability import support
 
 MAX_TOKENS = 3
@@ -85,7 +86,8 @@ def _settled(http: httpx.Client, key: str | None = None) -> bool:
 
 
 def _block_files(folder: Path) -> list[Path]:
-    return sorted(folder.rglob("*.kvb"))
+    """Files holding KV (links, which name a block by its first token, are left out)."""
+    return block_files(folder)
 
 
 # ---- SIGKILL during a burst of disk writes ---------------------------------------------------------
@@ -133,7 +135,8 @@ def test_sigkill_during_a_burst_of_disk_writes_never_serves_a_torn_block(tmp_pat
             f"killed after {len(sent)} requests sent, with {len(on_disk)} block files and {len(torn)} temp "
             f"files on disk; restart: {hits}/{len(prompts)} prompts reused disk blocks, disk stats {disk}"
         )
-        assert hits >= 1 and disk["hit_requests"] == hits and disk["hit_tokens"] >= 64
+        # every prompt starts "Ledger ": another may reuse those few tokens through the link at the root
+        assert hits >= 1 and disk["hit_requests"] >= hits and disk["hit_tokens"] >= 64
         assert disk["rejected"] == 0  # no torn or damaged block was found, let alone served
         assert wait_until(lambda: _settled(http), timeout=60)
         assert _disk(http)["written_blocks"] >= 1  # and the tier keeps writing

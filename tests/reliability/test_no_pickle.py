@@ -8,7 +8,10 @@ version directory ``<index_dir>/vNNNNNN/`` named by the plain-text pointer file 
 - ``vectors.npy``: ``numpy.load(..., allow_pickle=False)``, a raw float array (an object array, which
   would need pickle, is refused with ValueError);
 - ``hnsw.faiss`` (only for HNSW indexes): ``faiss.read_index``, FAISS's own binary format;
-- the BM25 index is never stored: it is rebuilt from ``chunks.json`` on load.
+- ``extra.json`` and ``extra-<n>.npy`` (only with extra per-chunk vector sets): JSON, and float arrays
+  read with ``allow_pickle=False``;
+- the BM25 index is never stored: it is rebuilt from ``chunks.json`` on load;
+- ``<index_dir>/LOCK`` is the writer's OS lock; only its holder's pid is read from it, as text.
 
 Model weights are read by transformers / safetensors from the model directory the operator names;
 the prefix KV cache lives in memory only. This module checks both sides: a scan of the source of
@@ -25,8 +28,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.ingestion.persist import POINTER, current_version
 from rag.knowledge_base import KnowledgeBase
+from rag.stores.local.lock import LOCK_FILE
+from rag.stores.local.versions import POINTER, current_version
 from rag.types import Document
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +44,7 @@ INDEX_FILES = {
     "index.json",
     "vectors.npy",
     "hnsw.faiss",
+    "extra.json",
 }
 
 
@@ -137,7 +142,7 @@ def test_index_files_are_json_npy_and_faiss_and_load_with_pickle_disabled(saved_
     names = {p.name for p in version.iterdir()} | {p.name for p in folder.iterdir()}
     assert names <= INDEX_FILES | {"c0000"}, names
     assert {"manifest.json", "vectors.npy", "chunks.json"} <= names, names
-    assert {p.name for p in saved_index.iterdir()} == {POINTER, version.name}
+    assert {p.name for p in saved_index.iterdir()} == {POINTER, LOCK_FILE, version.name}
     with (folder / "vectors.npy").open("rb") as fh:  # a plain float32 array: no pickled objects inside
         np.lib.format.read_magic(fh)
         header = np.lib.format.read_array_header_1_0(fh)

@@ -10,6 +10,7 @@ import anyio
 from fastapi import APIRouter
 
 from engine.backend import local_cache
+from engine.tiers.stats import TIER_NAMES
 from rag.api.access import search_scope
 from rag.api.auth import Principal
 from rag.api.deps import AccessDep, AdminDep, EngineDep, PrincipalDep, ServicesDep, SettingsDep
@@ -49,7 +50,7 @@ async def cache_stats(services: ServicesDep, principal: PrincipalDep, engine: En
         "exact_reuse_reason": stats.get("exact_reuse_reason"),
         "cache": stats.get("cache", {}),
         "kv": stats.get("kv"),
-        "disk": stats.get("disk"),
+        **{name: stats.get(name) for name in TIER_NAMES},  # "disk", "remote": a tier's figures or None
         "engine": {k: stats[k] for k in _ENGINE_FIELDS if k in stats},
         "in_flight": services.admission.in_flight,
     }

@@ -5,8 +5,9 @@ Every route works inside the caller's collections (``rag.api.access``): ``?colle
 (404 if the key may not read it, 403 on a write it may only read), else writes go to the caller's own
 collection and reads cover every collection it may read. Ids are unique per collection. A document in
 a collection the caller cannot read is answered exactly as an unknown id: the lookup only ever visits
-the caller's own collections. Every change is saved to ``settings.index_dir`` (atomically, by the
-pipeline) before it is acknowledged, so an acknowledged document survives a crash.
+the caller's own collections. Every change is durable in the document store (the index directory's
+new version, or the database's committed transaction) before it is acknowledged, so an acknowledged
+document survives a crash.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from rag.api.access import Access, require_readable, write_target
 from rag.api.deps import AccessDep, ServicesDep, SettingsDep
-from rag.api.documents_io import UploadError, documents_from_json, documents_from_upload, info_out, persist
+from rag.api.documents_io import UploadError, documents_from_json, documents_from_upload, info_out
 from rag.api.errors import ERROR_RESPONSES, ErrorResponse, api_error, format_loc
 from rag.api.schemas.rag import (
     AddedDocuments,
@@ -110,7 +111,7 @@ async def add_documents(
             f"unsupported content type {content_type!r}: send application/json or multipart/form-data",
             code="unsupported_media_type",
         )
-    ids = await _write(services, settings, lambda: pipeline.add_documents(docs, collection=target))
+    ids = await _write(services, lambda: pipeline.add_documents(docs, collection=target))
     return AddedDocuments(ids=list(ids), count=len(ids), collection=target)
 
 
@@ -156,14 +157,13 @@ async def get_document(
 async def delete_document(
     doc_id: str,
     services: ServicesDep,
-    settings: SettingsDep,
     access: AccessDep,
     collection: CollectionQuery = None,
 ) -> DeletedDocument:
     """Remove a document and its chunks from a collection the caller may write (default: its own)."""
     target = write_target(access, collection)
     pipeline = services.ready_pipeline()
-    deleted = await _write(services, settings, lambda: pipeline.delete_document(doc_id, collection=target))
+    deleted = await _write(services, lambda: pipeline.delete_document(doc_id, collection=target))
     if not deleted:
         raise _not_found(doc_id)
     return DeletedDocument(id=doc_id, collection=target)
@@ -250,17 +250,15 @@ async def _from_upload(request: Request, settings: Settings) -> list[Any]:
         await form.close()
 
 
-async def _write(services: Services, settings: Settings, change: Any) -> Any:
-    """Apply a change and save the index, one writer at a time, in a worker thread."""
+async def _write(services: Services, change: Any) -> Any:
+    """Apply a change (durable in the store when it returns), one writer at a time, in a worker thread."""
 
     def run() -> Any:
         with services.write_lock:
             try:
-                result = change()
+                return change()
             except ValueError as exc:
                 raise _Rejected(str(exc)) from exc
-            persist(services.pipeline, settings.index_dir)
-            return result
 
     try:
         return await anyio.to_thread.run_sync(run, limiter=services.limiter)

@@ -7,14 +7,8 @@ import zlib
 import pytest
 import torch
 
-from engine.tiers.blockfile import (
-    MAGIC,
-    BlockFileError,
-    BlockMeta,
-    read_block_file,
-    read_block_tokens,
-    write_block_file,
-)
+from engine.tiers.blockfile import read_block_file, read_block_tokens, write_block_file
+from engine.tiers.blockformat import MAGIC, BlockError, BlockMeta
 
 META = BlockMeta(
     key="ab" * 32, parent="cd" * 32, fingerprint="ef" * 32, kv_dtype="int8", tokens=list(range(64))
@@ -81,7 +75,7 @@ def test_damaged_files_are_refused(tmp_path, how, reason):
     path = tmp_path / "b.kvb"
     write_block_file(path, META, *_tensors())
     _damage(path, how)
-    with pytest.raises(BlockFileError, match=reason):
+    with pytest.raises(BlockError, match=reason):
         _read(path)
 
 
@@ -96,16 +90,16 @@ def test_a_file_written_for_something_else_is_refused(tmp_path, field):
     expect = BlockMeta(
         **{**META.__dict__, **({field: other[field]} if field != "tokens" else {"tokens": [7] * 64})}
     )
-    with pytest.raises(BlockFileError, match=f"another {field}"):
+    with pytest.raises(BlockError, match=f"another {field}"):
         _read(path, expect)
 
 
 def test_other_shapes_or_dtypes_are_refused(tmp_path):
     path = tmp_path / "b.kvb"
     write_block_file(path, META, *_tensors())
-    with pytest.raises(BlockFileError, match="another tensors"):
+    with pytest.raises(BlockError, match="another tensors"):
         _read(path, shape=(2, 3, 64, 64), dtype=torch.int8)
-    with pytest.raises(BlockFileError, match="another tensors"):
+    with pytest.raises(BlockError, match="another tensors"):
         _read(path, dtype=torch.float16, shape=(2, 3, 64, 33))
 
 
@@ -119,7 +113,7 @@ def test_a_consistent_but_lying_header_is_refused(tmp_path):
     header["payload_bytes"] += 64
     body = json.dumps(header).encode()
     path.write_bytes(MAGIC + struct.pack("<II", len(body), zlib.crc32(body)) + body + data[16 + length :])
-    with pytest.raises(BlockFileError):
+    with pytest.raises(BlockError):
         _read(path)
 
 
@@ -131,7 +125,7 @@ def test_a_partial_block_is_read_with_whatever_tokens_it_holds(tmp_path):
     tokens, k, v = read_block_file(path, expect, lambda n: ((2, 3, n, 66), (2, 3, n, 66)), torch.int8)
     assert tokens == [9, 8, 7, 6, 5] and torch.equal(k, keys) and torch.equal(v, values)
     assert read_block_tokens(path) == [9, 8, 7, 6, 5]
-    with pytest.raises(BlockFileError, match="another tokens"):
+    with pytest.raises(BlockError, match="another tokens"):
         read_block_file(path, META, lambda n: ((2, 3, n, 66), (2, 3, n, 66)), torch.int8)
     path.write_bytes(b"junk")
     assert read_block_tokens(path) is None

@@ -16,6 +16,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.kv import BLOCK_TOKENS
 from engine.tiers.blockfile import read_block_file
 from tests.api.helpers import wait_until
+from tests.engine.tiers.records import block_files, link_files
 
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
 TEXT = "Disk blocks survive a restart and are shared by replicas of one model. " * 16
@@ -59,8 +60,10 @@ def test_a_restarted_engine_reads_the_disk_tier_and_promotes_it_to_ram(
     loaded_model, reference, prompt, tmp_path
 ):
     written = _write(loaded_model, tmp_path, prompt)
-    # 200 tokens: 3 whole blocks and the 8 after them; the answer's insert rewrote that partial block longer
-    assert written["written_blocks"] == 5 and len(_files(tmp_path)) == 4
+    # 200 tokens: 3 whole blocks (each with a link at its first token) and the 8 after them; the answer's
+    # insert rewrote that partial block longer
+    assert written["written_blocks"] == 5 and len(block_files(tmp_path)) == 4
+    assert len(link_files(tmp_path)) == 3
     assert written["used_bytes"] == sum(
         p.stat().st_size for p in _files(tmp_path)
     )  # the rewrite counted once
@@ -69,7 +72,7 @@ def test_a_restarted_engine_reads_the_disk_tier_and_promotes_it_to_ram(
     try:
         first = eng.generate(prompt, GREEDY)
         assert first.cached_tokens == len(prompt) - 1 and first.token_ids == expected  # as from RAM
-        assert first.phases["disk"] > 0
+        assert first.phases["tiers"] > 0
         again = eng.generate(prompt, GREEDY)  # promoted: RAM serves all but the last token
         assert again.cached_tokens == len(prompt) - 1 and again.token_ids == expected
         disk = eng.stats()["disk"]
@@ -93,7 +96,7 @@ def test_logits_from_disk_equal_computed_logits(loaded_model, prompt, tmp_path, 
         for got, want in zip(loaded.stores(), computed.stores()):
             assert torch.equal(got[:, :, :, :199], want[:, :, :, :199])
         assert torch.equal(runner.prefill(prompt[199:], loaded), runner.prefill(prompt[199:], computed))
-        sizes = sorted(p.stat().st_size for p in _files(tmp_path))
+        sizes = sorted(p.stat().st_size for p in block_files(tmp_path))
         per_token = eng.stats()["kv"]["bytes_per_token"]
         assert all(BLOCK_TOKENS * per_token < s < BLOCK_TOKENS * per_token + 4096 for s in sizes[1:])
         assert (
@@ -106,8 +109,9 @@ def test_logits_from_disk_equal_computed_logits(loaded_model, prompt, tmp_path, 
 def test_the_writer_yields_the_cpu_to_the_model(loaded_model, tmp_path):
     eng = _engine(loaded_model, tmp_path)
     try:
-        assert eng.disk is not None and wait_until(lambda: eng.disk._writer.native_id is not None)
-        assert wait_until(lambda: os.getpriority(os.PRIO_PROCESS, eng.disk._writer.native_id) == 19)
+        writer = eng.disk.writer.thread
+        assert wait_until(lambda: writer.native_id is not None)
+        assert wait_until(lambda: os.getpriority(os.PRIO_PROCESS, writer.native_id) == 19)
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0  # only the writer
     finally:
         eng.close()
@@ -118,7 +122,7 @@ def test_at_least_one_prompt_token_is_computed(loaded_model, prompt, tmp_path):
     eng = _engine(loaded_model, tmp_path)
     try:
         r = eng.generate(prompt[:128], GREEDY)  # blocks 0 and 1 are on disk; the cap is 127 tokens
-        assert r.cached_tokens == 64
+        assert r.cached_tokens == 127  # block 1 is used up to the cap, as RAM would
     finally:
         eng.close()
 
@@ -148,7 +152,7 @@ def test_a_damaged_or_foreign_block_is_a_miss_logged_and_deleted(
     try:
         keys = _chain_keys(eng, prompt)
         victim = eng.disk.folder.path(keys[1])  # the middle block: block 0 still loads
-        _damage(victim, how, foreign=_files(theirs)[0])
+        _damage(victim, how, foreign=block_files(theirs)[0])
         with caplog.at_level(logging.WARNING, logger="engine.tiers.disk"):
             r = eng.generate(prompt, GREEDY)
         assert r.cached_tokens == BLOCK_TOKENS  # block 0 only; nothing after the bad block is used
@@ -167,14 +171,14 @@ def _chain_keys(eng: Engine, prompt: list[int]) -> list[str]:
     from engine.tiers.addresses import block_hashes
 
     assert eng.disk is not None
-    return block_hashes(eng.disk._root(eng._namespace("")), prompt)
+    return block_hashes(eng.disk.addresses.root(eng._namespace("")), prompt)
 
 
 def _expect(eng: Engine, prompt: list[int], keys: list[str], j: int) -> tuple:
     tier = eng.disk
     assert tier is not None
     b = BLOCK_TOKENS
-    meta = tier._meta(keys, eng._namespace(""), j * b, keys[j], prompt[j * b : (j + 1) * b])
+    meta = tier.addresses.meta(keys, eng._namespace(""), j * b, keys[j], prompt[j * b : (j + 1) * b])
     return meta, tier._shapes, tier.codec.stored_dtype
 
 
@@ -261,7 +265,8 @@ def test_engines_sharing_a_folder_write_and_read_concurrently(loaded_model, refe
             t.join(120)
         for eng in engines:
             assert eng.disk is not None and eng.disk.flush(60)
-        assert len(_files(tmp_path)) == 8  # per prompt: 3 whole blocks and the partial one
+        assert len(block_files(tmp_path)) == 8  # per prompt: 3 whole blocks and the partial one
+        assert len(link_files(tmp_path)) == 6  # and a link at each whole block's first token
         for i in range(4):
             assert results[i] == reference.generate(prompts[i], GREEDY).token_ids
     finally:
@@ -285,10 +290,12 @@ def test_warm_writes_through_to_disk(loaded_model, prompt, tmp_path):
             eng.warm(["fine", []])
     finally:
         eng.close()
-    assert len(_files(tmp_path)) == 5  # 3 whole blocks; partial ones after block 2 and after block 0
+    # 3 whole blocks and the partial one after block 2; the 70-token prompt's last 6 tokens start block 1,
+    # which the link at its first token already names
+    assert len(block_files(tmp_path)) == 4 and len(link_files(tmp_path)) == 3
     fresh = _engine(loaded_model, tmp_path)
     try:
-        # block 0 and the partial block the 70-token prompt left after it, before RAM holds anything
+        # block 0 and 6 tokens of block 1 (through its link), before RAM holds anything
         assert fresh.generate(prompt[:70] + [42], GREEDY, namespace="faq").cached_tokens == 70
         assert fresh.stats()["disk"]["hit_tokens"] == 70
         assert fresh.generate(prompt, GREEDY, namespace="faq").cached_tokens == 199

@@ -8,11 +8,13 @@ import csv
 import itertools
 import json
 import math
+import os
 
 import pytest
 
 from rag.benchmark import BenchConfig, run_benchmark
 from rag.benchmark.plots import PLOTS
+from rag.benchmark.redis_server import redis_server_binary
 from rag.benchmark.report import ENGINE_TITLE, RADIX_TITLE, rerender
 from rag.ingestion.chunking import Chunker
 from rag.ingestion.loaders import load_python_reference
@@ -250,6 +252,28 @@ def test_kv_tiers_section(run):
     assert kv["zero_hit"]["written_mb"] > 0
     assert kv["working_set"]["tokens"] > 0
     assert kv["targets"] and all(isinstance(t["met"], bool) for t in kv["targets"])
+
+
+def test_kv_remote_tier_section(run):
+    """Replica B through Redis, the restart case, break-even and 0% hits; where redis-server is absent
+    (never under CI=true) one line says so."""
+    out, results = run
+    remote = results["kv_section"]["remote"]
+    report = (out / "report.md").read_text()
+    if redis_server_binary() is None and os.environ.get("CI") != "true":
+        assert not remote["available"] and "Remote tier (Redis): not measured: redis-server" in report
+        return
+    assert remote["available"] and "Remote tier (Redis " in report
+    rep, rs = remote["replica"], remote["restart"]
+    assert rep["cached_remote"] == rep["prompt_tokens"] - 1 and 0 < rep["remote_first_s"] < rep["cold_s"]
+    assert rep["read_mb_s"] > 0 and rep["write_mb_s"] > 0
+    # the system prompt ends inside a block: every tier reuses it to its last token, as RAM does
+    assert rs["system_tokens"] % 64 and rs["cached_disk"] >= rs["system_tokens"] <= rs["cached_remote"]
+    assert rs["cached_ram"] >= rs["system_tokens"]
+    assert [r["tokens"] for r in remote["break_even"]["rows"]] == [64, 128]
+    assert remote["zero_hit"]["written_mb"] > 0
+    names = {t["target"] for t in results["kv_section"]["targets"]}
+    assert any("through Redis" in n for n in names) and any("restart" in n for n in names)
 
 
 def test_weights_section_compares_int8_float32_and_llama_cpp(run):

@@ -1,4 +1,5 @@
-"""Two `prefixrag serve` replicas behind sglang-router, started and stopped by these tests (127.0.0.1).
+"""Two `prefixrag serve` replicas behind sglang-router, started and stopped by these tests (127.0.0.1),
+sharing one PostgreSQL document store.
 
 Which replica served a request is read from the replicas' own counters (``GET /v1/cache``): requests
 here run one at a time, so exactly one replica's count moves per request.
@@ -38,9 +39,12 @@ def system_prompt(topic: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, postgres: Any) -> Iterator[Cluster]:
     log_dir = tmp_path_factory.mktemp("cluster-logs")
-    c = Cluster(2, "cache_aware", threads_per_replica=1, log_dir=log_dir, startup_timeout_s=150)
+    store = postgres.create_database("cluster")
+    c = Cluster(
+        2, "cache_aware", threads_per_replica=1, log_dir=log_dir, startup_timeout_s=150, document_store=store
+    )
     with c:
         yield c
     processes = [c.router.process, *(r.process for r in c.replicas)]
@@ -180,6 +184,27 @@ def test_remote_engine_through_the_router(cluster: Cluster) -> None:
     assert streamed[-1].result is not None and streamed[-1].result.text == first.text
 
 
+def test_replicas_on_one_store_serve_each_others_writes(cluster: Cluster) -> None:
+    """A document added through one replica: listed and served by the other within a second; a delete
+    through the other: gone from the first within a second."""
+    first, second = cluster.worker_urls
+    doc = {"id": "kestrel.md", "text": "The Kestrel lab wifi password is bluefinch22."}
+    assert httpx.post(first + "/v1/documents", json=[doc], timeout=120).status_code == 201
+    t0 = time.monotonic()
+    while httpx.get(second + "/v1/documents/kestrel.md", timeout=10).status_code != 200:
+        assert time.monotonic() - t0 < 1.0, "the other replica did not serve the write within 1 s"
+        time.sleep(0.02)
+    assert httpx.get(second + "/v1/documents/kestrel.md").json()["text"] == doc["text"]
+    assert httpx.delete(second + "/v1/documents/kestrel.md", timeout=60).status_code == 200
+    t0 = time.monotonic()
+    while httpx.get(first + "/v1/documents/kestrel.md", timeout=10).status_code != 404:
+        assert time.monotonic() - t0 < 1.0, "the delete did not reach the first replica within 1 s"
+        time.sleep(0.02)
+    for url in cluster.worker_urls:
+        store = httpx.get(url + "/readyz").json()["store"]
+        assert store["backend"] == "postgresql" and store["reachable"], store
+
+
 def test_request_id_reaches_the_replica(cluster: Cluster) -> None:
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": 1}
     reply = httpx.post(cluster.url + "/v1/completions", json=body, headers={"X-Request-Id": "trace-42"})
@@ -232,30 +257,41 @@ def test_cluster_validates_its_arguments(tmp_path: Path) -> None:
 
 
 def test_the_example_recipe_starts_and_stops_everything(tmp_path: Path) -> None:
-    """examples/cluster.py: one replica + router, the URL printed, SIGINT stops all within the grace."""
+    """examples/cluster.py: one replica + router on a private PostgreSQL, the URLs printed, SIGINT
+    stops all within the grace (the private server too)."""
+    import psycopg
+
     root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": str(root)}
     argv = [sys.executable, str(root / "examples" / "cluster.py"), "--replicas", "1", "--threads", "1"]
-    argv += ["--log-dir", str(tmp_path)]
+    argv += ["--log-dir", str(tmp_path), "--private-postgres"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        url = _read_router_url(proc, timeout_s=150)
+        printed: list[str] = []
+        url = _read_router_url(proc, timeout_s=150, printed=printed)
+        store = next(line.split()[2] for line in printed if line.startswith("private PostgreSQL: "))
         assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == MODEL
+        replica = httpx.get(url + "/workers").json()["workers"][0]["url"]
+        assert httpx.get(replica + "/readyz").json()["store"]["reachable"]
         pids = _children(proc.pid)
         assert len(pids) == 2  # the replica and the router
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
         assert not any(_group_alive(p) for p in pids)
+        with pytest.raises(psycopg.OperationalError):  # the private server is gone with it
+            psycopg.connect(store, connect_timeout=3)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
 
 
-def _read_router_url(proc: subprocess.Popen[str], timeout_s: float) -> str:
+def _read_router_url(proc: subprocess.Popen[str], timeout_s: float, printed: list[str] | None = None) -> str:
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s
     for line in proc.stdout:
+        if printed is not None:
+            printed.append(line)
         if line.startswith("router ready: "):
             return line.split()[2]
         assert time.monotonic() < deadline, "the recipe did not print the router URL in time"

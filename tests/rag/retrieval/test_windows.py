@@ -1,17 +1,19 @@
-"""Window vectors for the embedding reranker: computed when a chunk is indexed, kept in step with it,
-saved with the index, and computed on first use for an index saved without them."""
+"""Window vectors for the embedding reranker: computed when a chunk is indexed, kept in step with it
+(its extra vector set ``KnowledgeBase.window_set``), saved with the index, and computed on first use
+for an index saved without them; on a PostgreSQL store, stored by the writer that computes them."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
 
-from rag.ingestion.index_format import WINDOWS_JSON, WINDOWS_NPY
+from rag.config import RAGConfig
 from rag.knowledge_base import KnowledgeBase
 from rag.retrieval.rerank import EmbeddingReranker
-from rag.retrieval.windows import WindowCache, WindowVectors
+from rag.retrieval.windows import WindowCache, WindowVectors, window_set_name
 from rag.types import Document
 from tests.rag.corpus import SMALL_CORPUS
 
@@ -34,7 +36,12 @@ def kb(make_kb) -> KnowledgeBase:
 def windows_of(kb: KnowledgeBase) -> dict[str, np.ndarray]:
     coll = kb.collection("default")
     assert coll is not None
-    return coll.windows
+    return coll.vector_set(kb.window_set)
+
+
+def saved_sets(folder) -> dict[str, dict]:
+    """The extra vector sets a saved collection folder holds (``rag.stores.local.format``), by name."""
+    return {entry["name"]: entry for entry in json.loads((folder / "extra.json").read_text())}
 
 
 def test_indexing_a_chunk_embeds_its_windows(kb, embedder, chunker):
@@ -69,10 +76,23 @@ def test_windows_follow_their_chunks(kb):
     assert not new & set(windows_of(kb))
 
 
+def test_a_new_title_gives_a_chunk_new_windows(make_kb, embedder, chunker):
+    kb = make_kb(reranker="embedding", title_in_embedding=False)  # the title is not in its vector
+    kb.add_documents([LONG])
+    retitled = LONG.model_copy(update={"metadata": {"title": "Release notes"}})
+    kb.add_documents([retitled])  # the same chunk ids (the text is the same), another title
+    assert kb.last_ingest.updated == 1 and kb.last_ingest.chunks_embedded == 0  # its vectors kept
+    chunk = kb.chunks_of("long.md")[0]
+    assert chunk.metadata["title"] == "Release notes"
+    fresh = WindowVectors(embedder, chunker).embed([chunk])[0]
+    np.testing.assert_allclose(windows_of(kb)[chunk.chunk_id], fresh, atol=1e-6)
+
+
 def test_windows_are_saved_and_loaded_with_the_index(kb, tmp_path):
     version = kb.save(tmp_path / "index")
     folder = version / "c0000"
-    assert (folder / WINDOWS_NPY).is_file() and (folder / WINDOWS_JSON).is_file()
+    sets = saved_sets(folder)
+    assert list(sets) == [kb.window_set] and (folder / sets[kb.window_set]["file"]).is_file()
     loaded = KnowledgeBase.load(tmp_path / "index", embedder=kb.embedder, chunker=kb.chunker)
     saved, back = windows_of(kb), windows_of(loaded)
     assert saved.keys() == back.keys()
@@ -98,14 +118,18 @@ def test_an_index_saved_without_windows_gets_them_when_first_needed(make_kb, tmp
     assert set(windows_of(again)) == set(windows_of(kb))
 
 
-def test_windows_computed_with_other_settings_are_not_read(kb, tmp_path):
+def test_windows_computed_with_other_settings_are_not_read(kb, tmp_path, embedder, chunker):
     version = kb.save(tmp_path / "index")
-    meta_path = version / "c0000" / WINDOWS_JSON
+    meta_path = version / "c0000" / "extra.json"
     meta = json.loads(meta_path.read_text())
-    meta["settings"]["window_tokens"] = 48
+    other = window_set_name({**WindowVectors(embedder, chunker).settings, "window_tokens": 48})
+    meta[0]["name"] = other
     meta_path.write_text(json.dumps(meta))
     loaded = KnowledgeBase.load(tmp_path / "index", embedder=kb.embedder, chunker=kb.chunker)
     assert not windows_of(loaded)  # computed again when needed, with the reranker's settings
+    loaded.search(QUESTION, top_k=2)
+    coll = loaded.collection("default")
+    assert coll is not None and other not in coll.extra and windows_of(loaded)  # the stale set is gone
 
 
 def test_window_cache_keeps_a_bounded_number_of_chunks(embedder, chunker, kb):
@@ -114,3 +138,48 @@ def test_window_cache_keeps_a_bounded_number_of_chunks(embedder, chunker, kb):
     vectors = cache.window_vectors(chunks)
     assert [len(v) for v in vectors] == [len(windows_of(kb)[c.chunk_id]) for c in chunks]
     assert chunks[0].chunk_id not in cache and chunks[2].chunk_id in cache
+
+
+def test_a_postgresql_store_keeps_the_windows_its_writers_compute(embedder, chunker, postgres_url):
+    config = RAGConfig(document_store=postgres_url, reranker="embedding", rerank_candidates=4)
+    writer = KnowledgeBase(config, embedder=embedder, chunker=chunker)
+    replica = KnowledgeBase(config, embedder=embedder, chunker=chunker)
+    try:
+        writer.add_documents([*SMALL_CORPUS, LONG])
+        chunk = writer.chunks_of("long.md")[0]
+        stored = writer.store.read("default", "long.md")
+        assert stored is not None and writer.window_set in stored.chunks[0].extra  # in the database
+        late = KnowledgeBase(config, embedder=embedder, chunker=chunker)  # loads them from it
+        try:
+            np.testing.assert_array_equal(
+                windows_of(late)[chunk.chunk_id], windows_of(writer)[chunk.chunk_id]
+            )
+        finally:
+            late.close()
+        # a replica follows the writer's change log, window vectors included
+        deadline = time.monotonic() + 5
+        while chunk.chunk_id not in windows_of(replica) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert chunk.chunk_id in windows_of(replica)
+        assert replica.search(QUESTION, top_k=2)[0].doc_id == "paris.html"
+    finally:
+        replica.close()
+        writer.close()
+
+
+def test_a_postgresql_store_without_windows_fills_them_in_memory(embedder, chunker, postgres_url):
+    plain = KnowledgeBase(RAGConfig(document_store=postgres_url), embedder=embedder, chunker=chunker)
+    try:
+        plain.add_documents(SMALL_CORPUS)  # reranker off: no windows computed at ingestion
+    finally:
+        plain.close()
+    config = RAGConfig(document_store=postgres_url, reranker="embedding", rerank_candidates=2)
+    kb = KnowledgeBase(config, embedder=embedder, chunker=chunker)
+    try:
+        assert not windows_of(kb)
+        assert kb.search(QUESTION, top_k=2)[0].doc_id == "paris.html" and windows_of(kb)
+        assert kb.fill_windows() > 0 and len(windows_of(kb)) == kb.n_chunks
+        stored = kb.store.read("default", "paris.html")
+        assert stored is not None and not stored.chunks[0].extra  # held in memory, not written back
+    finally:
+        kb.close()

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from rag.config import RAGConfig
-from rag.ingestion.persist import current_version
 from rag.knowledge_base import KnowledgeBase
+from rag.stores.local.versions import current_version
 from tests.rag.corpus import SMALL_CORPUS
 
 

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from rag.config import RAGConfig
-from rag.ingestion.index_format import FORMAT_VERSION, read_config
-from rag.ingestion.persist import current_version, save_version
 from rag.knowledge_base import KnowledgeBase
 from rag.retrieval.diversity import DiverseRetriever
 from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.retriever import DenseRetriever, HybridRetriever
+from rag.stores.local.format import FORMAT_VERSION, read_config
+from rag.stores.local.versions import current_version, save_version
 from rag.types import DEFAULT_COLLECTION, Document
 from tests.rag.corpus import SMALL_CORPUS
 

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from rag.ingestion.persist import POINTER, current_version, save_version
+from rag.stores.local.versions import POINTER, current_version, save_version
 
 
 def write_file(text):

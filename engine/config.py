@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.chunks.reuse import (
-    DEFAULT_DEVIATION_LAYER,
+    DEFAULT_SELECT_LAYER,
     DEFAULT_SHARE,
     DEFAULT_STRATEGY,
     ChunkReuse,
@@ -201,18 +201,22 @@ class EngineConfig(BaseModel):
     chunk_recompute: RecomputeStrategy = Field(
         default=DEFAULT_STRATEGY,
         description="chunks mode: which reused chunk tokens are recomputed so chunks see each other: "
-        "'none', 'first' (each chunk's first tokens), 'deviation' (CacheBlend: most deviating K/V)",
+        "'none', 'boundary' (each chunk's first token), 'first' (each chunk's first tokens), 'edges' (its "
+        "first and last), 'deviation' (CacheBlend: most deviating K/V), 'query' (what the question "
+        "attends to most); see engine.chunks.reuse.ChunkReuse",
     )
     chunk_recompute_share: float = Field(
         default=DEFAULT_SHARE, ge=0, le=1, description="chunks mode: share of reused chunk tokens recomputed"
     )
-    chunk_deviation_layer: int = Field(
-        default=DEFAULT_DEVIATION_LAYER,
+    chunk_select_layer: int = Field(
+        default=DEFAULT_SELECT_LAYER,
         ge=1,
-        description="chunks mode, 'deviation': the layer whose K/V deviation selects the tokens "
-        "(layers below it are recomputed for every chunk token)",
+        validation_alias=AliasChoices("chunk_select_layer", "chunk_deviation_layer"),
+        description="chunks mode, 'deviation' and 'query': the layer whose K/V deviation or question "
+        "attention selects the tokens (also where the deviation estimate is read); formerly "
+        "chunk_deviation_layer, still accepted",
     )
 
     def chunk_reuse(self) -> ChunkReuse:
         """The recompute settings chunks-mode requests get unless they bring their own."""
-        return ChunkReuse(self.chunk_recompute, self.chunk_recompute_share, self.chunk_deviation_layer)
+        return ChunkReuse(self.chunk_recompute, self.chunk_recompute_share, self.chunk_select_layer)

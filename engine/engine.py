@@ -535,6 +535,7 @@ class Engine:
         req.phases.update(stitched.phases)
         req.stitched_tokens = stitched.stitched_tokens
         req.recomputed_tokens = stitched.recomputed_tokens
+        req.stitch_deviation = stitched.deviation
         req.chunk_prefill_tokens = stitched.prefilled_tokens
         self._counters["stitched_requests"] += 1
         self._counters["chunk_prefill_tokens"] += stitched.prefilled_tokens

@@ -45,6 +45,9 @@ class GenerationResult:
     reuse: str = "prefix"  # the reuse mode that served the request ("chunks": see stitched_tokens)
     stitched_tokens: int = 0  # prompt tokens whose KV came from cached chunks at other positions
     recomputed_tokens: int = 0  # tokens of those cached chunks recomputed over the stitched context
+    # how far a stitched prompt was from exact: the share of the question's attention, at the selection
+    # layer, on chunk KV that stayed stitched (engine.chunks.stitch); None when nothing was stitched
+    stitch_deviation: float | None = None
     chunk_prefill_tokens: int = 0  # chunk tokens prefilled at their placement (not cached yet) and cached
     scores: Any = None  # Engine.score: float32 [continuation, vocab] next-token log-probabilities
 
@@ -132,6 +135,7 @@ class Request:
     prefilled: int = 0  # prompt tokens the buffer holds so far (cached or prefilled)
     stitched_tokens: int = 0
     recomputed_tokens: int = 0
+    stitch_deviation: float | None = None
     chunk_prefill_tokens: int = 0
     # Engine.score: tokens fed instead of sampled, and the log-probabilities seen before each
     forced_ids: list[int] | None = None
@@ -164,6 +168,7 @@ class Request:
             reuse="chunks" if self.chunk_reuse is not None else "prefix",
             stitched_tokens=self.stitched_tokens,
             recomputed_tokens=self.recomputed_tokens,
+            stitch_deviation=self.stitch_deviation,
             chunk_prefill_tokens=self.chunk_prefill_tokens,
             scores=_stack(self.scores),
         )

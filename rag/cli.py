@@ -158,6 +158,11 @@ def ingest(
             console.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2) from exc
         stats = pipeline.kb.last_ingest
+        # chunks indexed before window vectors existed get theirs now, saved with the index directory
+        # (the embedding reranker reads them; a shared store's readers fill theirs in memory)
+        local = "index_dir" in where
+        if local and pipeline.kb.keeps_windows and pipeline.kb.fill_windows(show_progress=True):
+            pipeline.save()
         console.print(
             f"{stats.added} added, {stats.updated} updated, {stats.unchanged} unchanged "
             f"({stats.chunks_embedded} chunks embedded, {stats.seconds:.1f} s) -> "
@@ -553,6 +558,17 @@ def bench(
     chunks_section: bool = typer.Option(
         True, "--chunks-section/--no-chunks-section", help="chunk reuse: speed and fidelity to full prefill"
     ),
+    quality_section: bool = typer.Option(
+        True,
+        "--quality-section/--no-quality-section",
+        help="answer accuracy and agreement with full prefill per setting, on the QA set",
+    ),
+    quality_questions: int = typer.Option(
+        None,
+        "--quality-questions",
+        min=1,
+        help="QA questions the quality section asks (default 24; quick 3; the set holds 207)",
+    ),
     retrieval_section: bool = typer.Option(
         None,
         "--retrieval-section/--no-retrieval-section",
@@ -582,6 +598,8 @@ def bench(
         kv_section=kv_section,
         weights_section=weights_section,
         chunks_section=chunks_section,
+        quality_section=quality_section,
+        quality_questions=quality_questions,
         retrieval_section=retrieval_section,
     )
 

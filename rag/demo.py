@@ -52,7 +52,9 @@ def open_demo_pipeline(
         pipeline.kb.warm_up()
     pipeline.add_documents(docs, show_progress=True)
     stats = pipeline.kb.last_ingest
-    if stats.added or stats.updated:
+    # an index saved before window vectors existed gets them once (the embedding reranker reads them)
+    windowed = pipeline.kb.fill_windows(show_progress=True) if pipeline.kb.keeps_windows else 0
+    if stats.added or stats.updated or windowed:
         pipeline.save(index_dir)
     console.print(
         f"corpus: Python language reference, {len(docs)} topics, {pipeline.kb.n_chunks} chunks "

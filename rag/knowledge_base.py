@@ -46,6 +46,7 @@ from rag.retrieval.federated import FederatedBM25, FederatedIndex
 from rag.retrieval.index import VectorIndex
 from rag.retrieval.rerank import Reranker
 from rag.retrieval.retriever import DenseRetriever, QueryRetriever, Retriever
+from rag.retrieval.windows import WINDOW_SET_PREFIX, ChunkText, WindowVectors, window_text
 from rag.stores import DocumentStore, LocalStore, open_store
 from rag.stores.collection import Collection
 from rag.stores.indexes import SearchIndexes
@@ -129,6 +130,7 @@ class KnowledgeBase:
         self.embedder = embedder or make_embedder(cfg)
         self.chunker = chunker or Chunker(cfg.tokenizer_model, cfg.chunk_size, cfg.chunk_overlap)
         self._reranker = reranker
+        self._windows = WindowVectors(self.embedder, self.chunker)
         self.indexes = SearchIndexes(self._new_index, lambda: self.embedder.dim, self.search_text)
         self._lock = self.indexes.lock
         self._retrievers: dict[tuple[str, str, tuple[str, ...] | None], QueryRetriever] = {}
@@ -173,7 +175,7 @@ class KnowledgeBase:
             coll = self.indexes.get(name)
             updates = sum(coll is not None and doc.id in coll.docs for doc, _ in changed)
             known = {
-                c.chunk_id: r for chunks in new_chunks.values() for c in chunks if (r := _known(coll, c))
+                c.chunk_id: r for chunks in new_chunks.values() for c in chunks if (r := self._known(coll, c))
             }
             removed = sum(self._stale(coll, doc.id, new_chunks[doc.id]) for doc, _ in changed)
             # an unchanged document goes to the store as held here: the store has the last word
@@ -184,10 +186,13 @@ class KnowledgeBase:
         to_embed = [c for chunks in new_chunks.values() for c in chunks if c.chunk_id not in known]
         vectors = self._embed([self.search_text(c) for c in to_embed], show_progress)
         fresh = {c.chunk_id: ChunkRecord(c, vectors[i : i + 1]) for i, c in enumerate(to_embed)}
+        records = {
+            doc_id: [_record(c, known, fresh) for c in chunks] for doc_id, chunks in new_chunks.items()
+        }
+        if self.keeps_windows:  # the reranker reads them: computed with the chunk, stored with it
+            records = self._with_windows(records, show_progress)
         writes = [
-            held[doc.id]
-            if doc.id in held
-            else DocumentWrite(name, doc, digest, tuple(_record(c, known, fresh) for c in new_chunks[doc.id]))
+            held[doc.id] if doc.id in held else DocumentWrite(name, doc, digest, tuple(records[doc.id]))
             for doc, digest in digests
         ]
         if writes:
@@ -406,8 +411,63 @@ class KnowledgeBase:
     def reranker(self) -> Reranker:
         """The reranker: the one passed in, else the one the config names."""
         if self._reranker is None:
-            self._reranker = make_reranker(self.config, self.embedder, self.chunker)
+            self._reranker = make_reranker(self.config, self.embedder, self.chunker, windows=self)
         return self._reranker
+
+    @property
+    def keeps_windows(self) -> bool:
+        """Whether indexing a chunk also embeds its windows (the configured reranker reads them)."""
+        return self.config.reranker == "embedding"
+
+    @property
+    def window_set(self) -> str:
+        """The name of the chunks' extra vector set holding their window vectors, as this knowledge
+        base computes them (``WindowVectors.set_name``: the settings are in it)."""
+        return self._windows.set_name
+
+    def window_vectors(self, chunks: Sequence[ChunkText]) -> list[np.ndarray]:
+        """Each chunk's window vectors (``rag.retrieval.windows``), as computed when it was indexed
+        and stored with it. A chunk without them (indexed while no reranker read them, or saved
+        before they existed) gets them now, kept in its collection in memory: a local index
+        directory writes them with its next write or save; a PostgreSQL store keeps the ones its
+        writers computed at ingestion, and each process fills the others in memory on first use."""
+        name = self.window_set
+        with self._lock:
+            owners = [self._owner(c) for c in chunks]
+            found: dict[str, np.ndarray] = {}
+            missing: dict[str, ChunkText] = {}
+            for chunk, coll in zip(chunks, owners, strict=True):
+                vectors = coll.vector_set(name).get(chunk.chunk_id) if coll is not None else None
+                if vectors is not None:
+                    found[chunk.chunk_id] = vectors
+                else:
+                    missing.setdefault(chunk.chunk_id, chunk)
+            if missing:
+                computed = self._embed_windows(list(missing.values()), show_progress=False)
+                found.update(computed)
+                for coll in {id(c): c for c in owners if c is not None}.values():
+                    self._keep_windows(coll, computed)
+            return [found[c.chunk_id] for c in chunks]
+
+    def fill_windows(self, *, show_progress: bool = False) -> int:
+        """Compute the window vectors every chunk lacks (an index saved without them) and keep them in
+        memory, as ``window_vectors`` would on first use; returns how many chunks got theirs. A save
+        of a local index directory then writes them; a PostgreSQL store does not store them (its
+        writers store the ones they compute at ingestion)."""
+        name = self.window_set
+        with self._lock:
+            collections = list(self.indexes.collections.values())
+            missing = [
+                c
+                for coll in collections
+                for c in coll.chunks.values()
+                if c.chunk_id not in coll.vector_set(name)
+            ]
+        computed = self._embed_windows(missing, show_progress)  # outside the lock: searches go on
+        with self._lock:
+            for coll in collections:
+                self._keep_windows(coll, computed)
+        return len(missing)
 
     def search_text(self, chunk: Chunk) -> str:
         """What is embedded and BM25-indexed for a chunk: its text, after its title when configured."""
@@ -475,6 +535,70 @@ class KnowledgeBase:
             chunks = [c.model_copy(update={"metadata": {**c.metadata, "title": title}}) for c in chunks]
         return chunks
 
+    def _known(self, coll: Collection | None, chunk: Chunk) -> ChunkRecord | None:
+        """The vectors this replica holds for ``chunk`` (None: embed it), less window vectors that no
+        longer fit it (its title changed, or computed with other settings)."""
+        found = coll.known_vectors(chunk) if coll is not None else None
+        if found is None or coll is None:
+            return None
+        same = window_text(coll.chunks[chunk.chunk_id]) == window_text(chunk)
+        extra = {
+            name: v
+            for name, v in found.extra.items()
+            if not name.startswith(WINDOW_SET_PREFIX) or (same and name == self.window_set)
+        }
+        return ChunkRecord(chunk, found.vectors, extra)
+
+    def _with_windows(
+        self, records: dict[str, list[ChunkRecord]], show_progress: bool
+    ) -> dict[str, list[ChunkRecord]]:
+        """``records`` with their window vectors: the ones reused, else computed now."""
+        name = self.window_set
+        lacking = [r.chunk for rs in records.values() for r in rs if name not in r.extra]
+        computed = self._embed_windows(lacking, show_progress)
+        return {
+            doc_id: [
+                r
+                if name in r.extra
+                else ChunkRecord(r.chunk, r.vectors, {**r.extra, name: computed[r.chunk_id]})
+                for r in rs
+            ]
+            for doc_id, rs in records.items()
+        }
+
+    def _embed_windows(self, chunks: Sequence[ChunkText], show_progress: bool) -> dict[str, np.ndarray]:
+        """Chunk id -> its window vectors [windows, dim], embedded in calls of _EMBED_CALL chunks."""
+        from tqdm.auto import tqdm
+
+        out: dict[str, np.ndarray] = {}
+        if not chunks:
+            return out
+        with tqdm(total=len(chunks), desc="windows", unit="chunk", disable=not show_progress) as bar:
+            for i in range(0, len(chunks), _EMBED_CALL):
+                part = chunks[i : i + _EMBED_CALL]
+                out.update((c.chunk_id, v) for c, v in zip(part, self._windows.embed(part), strict=True))
+                bar.update(len(part))
+        return out
+
+    def _keep_windows(self, coll: Collection, computed: dict[str, np.ndarray]) -> None:
+        """Keep the computed window vectors of ``coll``'s chunks; forget sets of other settings."""
+        name = self.window_set
+        for other in [n for n in coll.extra if n.startswith(WINDOW_SET_PREFIX) and n != name]:
+            coll.drop_vector_set(other)
+        coll.keep_vectors(name, {cid: v for cid, v in computed.items() if cid in coll.chunks})
+
+    def _owner(self, chunk: ChunkText) -> Collection | None:
+        """The collection holding ``chunk`` (by its ``collection``, else the one that has its id;
+        None if none does now, e.g. deleted since it was retrieved)."""
+        name = getattr(chunk, "collection", None)
+        coll = self.indexes.get(name) if isinstance(name, str) else None
+        if coll is not None and chunk.chunk_id in coll.chunks:
+            return coll
+        for coll in self.indexes.collections.values():
+            if chunk.chunk_id in coll.chunks:
+                return coll
+        return None
+
     @staticmethod
     def _stale(coll: Collection | None, doc_id: str, chunks: list[Chunk]) -> int:
         """Chunks of the stored document that its new version drops."""
@@ -498,10 +622,6 @@ class KnowledgeBase:
     def _new_index(self, dim: int) -> VectorIndex:
         cfg = self.config
         return VectorIndex(dim, kind=cfg.index_kind, hnsw_threshold=cfg.hnsw_threshold)
-
-
-def _known(coll: Collection | None, chunk: Chunk) -> ChunkRecord | None:
-    return coll.known_vectors(chunk) if coll is not None else None
 
 
 def _held(coll: Collection | None, doc_id: str) -> DocumentWrite | None:

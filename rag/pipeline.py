@@ -23,7 +23,7 @@ from rag.config import RAGConfig
 from rag.ingestion.loaders import LoadResult
 from rag.knowledge_base import KnowledgeBase
 from rag.prompt.assembler import ChunkLike, Prompt, PromptAssembler, chat_question
-from rag.prompt.order import PrefixProbe
+from rag.prompt.order import CHUNKS_MODE_ORDER, PrefixProbe
 from rag.prompt.public import public_prefix_length
 from rag.query import Query, collection_names
 from rag.results import Answer, Grounded, PipelineEvent, Source, Timings, Usage
@@ -225,8 +225,10 @@ class Pipeline:
         started = time.perf_counter()
         query = self._query(chat_question(messages), top_k, collections)
 
+        order = self._order(None)
+
         def assemble(hits: list[ScoredChunk], probe: PrefixProbe | None) -> Prompt:
-            return self.assembler.assemble_chat(messages, hits, prefix_probe=probe)
+            return self.assembler.assemble_chat(messages, hits, prefix_probe=probe, order=order)
 
         return self._ground(query, namespace, assemble, started)
 
@@ -287,7 +289,7 @@ class Pipeline:
         query = self._query(question, top_k, collections)
         if reuse not in (None, *REUSE_MODES):
             raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, got {reuse!r}")
-        return self._answer(lambda: self._ground_question(query, namespace), params, reuse)
+        return self._answer(lambda: self._ground_question(query, namespace, reuse), params, reuse)
 
     def _answer(
         self, ground: Callable[[], Grounded], params: SamplingParams | None, reuse: str | None
@@ -323,11 +325,12 @@ class Pipeline:
         the Query as it is."""
         return Query.of(question, top_k, collections, default_top_k=self.config.top_k, name="question")
 
-    def _ground_question(self, query: Query, namespace: str) -> Grounded:
+    def _ground_question(self, query: Query, namespace: str, reuse: str | None = None) -> Grounded:
         started = time.perf_counter()
+        order = self._order(reuse)
 
         def assemble(hits: list[ScoredChunk], probe: PrefixProbe | None) -> Prompt:
-            return self.assembler.assemble(query.text, hits, prefix_probe=probe)
+            return self.assembler.assemble(query.text, hits, prefix_probe=probe, order=order)
 
         return self._ground(query, namespace, assemble, started)
 
@@ -346,6 +349,12 @@ class Pipeline:
         assemble_ms = 1000 * (time.perf_counter() - clock)
         sources = self._sources(query, prompt.chunks)
         return Grounded(prompt, sources, namespace, started, found.retrieve_ms, found.rerank_ms, assemble_ms)
+
+    def _order(self, reuse: str | None) -> str | None:
+        """The chunk order for a request in ``reuse`` mode (None: the configured one). Chunks mode
+        reuses a cached chunk wherever it stands: its order is the one answers are best in."""
+        chunks = (reuse or self.config.engine.reuse) == "chunks" and self.engine.capabilities.chunk_reuse
+        return CHUNKS_MODE_ORDER if chunks else None
 
     def _sources(self, query: Query, chunks: Sequence[ChunkLike]) -> list[Source]:
         ids = [c.chunk_id for c in chunks]

@@ -38,7 +38,9 @@ class Source:
 class Usage:
     """Token counts. ``cached_tokens``: the exact prefix reused; ``stitched_tokens``: prompt tokens whose
     KV came from cached chunks at other positions (``reuse="chunks"``), of which ``recomputed_tokens``
-    were computed again so the chunks see each other; ``reuse``: the mode that served the request."""
+    were computed again so the chunks see each other; ``reuse``: the mode that served the request;
+    ``stitch_deviation``: the engine's estimate of how far a stitched prompt was from exact, 0 to 1
+    (the share of the question's attention on chunk KV left stitched; None when nothing was)."""
 
     prompt_tokens: int
     cached_tokens: int
@@ -46,6 +48,7 @@ class Usage:
     stitched_tokens: int = 0
     recomputed_tokens: int = 0
     reuse: str = "prefix"
+    stitch_deviation: float | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -61,6 +64,7 @@ class Usage:
             result.stitched_tokens,
             result.recomputed_tokens,
             result.reuse,
+            result.stitch_deviation,
         )
 
 

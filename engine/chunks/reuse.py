@@ -4,7 +4,7 @@ model can do ``chunks`` at all.
 ``prefix`` reuses the longest cached prefix of the prompt, nothing else: output equals full prefill.
 ``chunks`` also reuses every retrieved chunk the cache has seen after the stable prefix, wherever the
 chunk stands now (keys re-rotated to the new position), and recomputes a share of the reused chunk
-tokens so the chunks see each other (``engine.chunks.stitch``). Its fidelity to full prefill is measured in
+tokens so the chunks see each other (``engine.chunks.stitch``; which ones: ``engine.chunks.selection``). Its fidelity to full prefill is measured in
 the benchmark, never assumed.
 
 Example:
@@ -25,13 +25,18 @@ if TYPE_CHECKING:
     from engine.runners import Runner
 
 ReuseMode = Literal["prefix", "chunks"]
-RecomputeStrategy = Literal["none", "first", "deviation"]
+# each name is a selector in engine.chunks.selection's registry (a test holds the two in step)
+RecomputeStrategy = Literal["none", "boundary", "first", "edges", "deviation", "query"]
 REUSE_MODES: tuple[str, ...] = get_args(ReuseMode)
 STRATEGIES: tuple[str, ...] = get_args(RecomputeStrategy)
+# strategies whose budget is ``share``; ``none`` and ``boundary`` recompute a fixed set
+SHARED_STRATEGIES = frozenset({"first", "edges", "deviation", "query"})
+# strategies that select by looking at ``select_layer``
+LAYERED_STRATEGIES = frozenset({"deviation", "query"})
 
 DEFAULT_STRATEGY: RecomputeStrategy = "first"
 DEFAULT_SHARE = 0.2
-DEFAULT_DEVIATION_LAYER = 1
+DEFAULT_SELECT_LAYER = 1
 # RoPE variants whose rotation by p then by d equals the rotation by p + d (position-linear angles,
 # cos/sin not rescaled): dynamic NTK changes its frequencies with the length, yarn/longrope rescale
 ROTATABLE_ROPE = frozenset({"default", "linear", "llama3"})
@@ -41,20 +46,23 @@ ROTATABLE_ROPE = frozenset({"default", "linear", "llama3"})
 class ChunkReuse:
     """Recompute settings of a ``chunks``-mode request.
 
-    ``strategy``: ``none`` (naive stitch), ``first`` (the first ``share`` of every reused chunk's tokens:
-    each chunk's own attention sink), ``deviation`` (CacheBlend: the ``share`` of reused tokens whose
-    keys/values deviate most from a fresh computation at layer ``deviation_layer``; the layers up to it
-    are recomputed for every chunk token). The question, chunk markers and anything not cached are
-    always computed.
+    ``strategy`` (each a selector of ``engine.chunks.selection``): ``none`` (the naive stitch),
+    ``boundary`` (one token per reused chunk: its first, where it meets what precedes it), ``first``
+    (the first ``share`` of every reused chunk's tokens: each chunk's own attention sink), ``edges``
+    (its first and last tokens, ``share`` split between them), ``deviation`` (CacheBlend: the ``share``
+    of reused tokens whose keys/values deviate most from a fresh computation at ``select_layer``; the
+    layers below it are recomputed for every chunk token), ``query`` (ProphetKV-style: the ``share`` of
+    reused tokens the question attends to most at ``select_layer``). The question, chunk markers and
+    anything not cached are always computed.
 
     Example:
-        >>> ChunkReuse(strategy="deviation", share=0.2, deviation_layer=2)
-        ChunkReuse(strategy='deviation', share=0.2, deviation_layer=2)
+        >>> ChunkReuse(strategy="query", share=0.2, select_layer=2)
+        ChunkReuse(strategy='query', share=0.2, select_layer=2)
     """
 
     strategy: RecomputeStrategy = DEFAULT_STRATEGY
     share: float = DEFAULT_SHARE
-    deviation_layer: int = DEFAULT_DEVIATION_LAYER
+    select_layer: int = DEFAULT_SELECT_LAYER
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -65,20 +73,19 @@ class ChunkReuse:
             or not 0 <= self.share <= 1
         ):
             raise ValueError(f"recompute share must be a number in [0, 1], got {self.share!r}")
-        if isinstance(self.deviation_layer, bool) or not isinstance(self.deviation_layer, int):
-            raise ValueError(f"deviation_layer must be an int >= 1, got {self.deviation_layer!r}")
-        if self.deviation_layer < 1:
+        if isinstance(self.select_layer, bool) or not isinstance(self.select_layer, int):
+            raise ValueError(f"select_layer must be an int >= 1, got {self.select_layer!r}")
+        if self.select_layer < 1:
             raise ValueError(
-                f"deviation_layer must be >= 1 (layer 0 sees no other chunk), got {self.deviation_layer}"
+                f"select_layer must be >= 1 (layer 0 sees no other chunk), got {self.select_layer}"
             )
 
     @property
     def label(self) -> str:
-        """Short name for reports: ``none``, ``first 10%``, ``deviation 15% @1``."""
-        if self.strategy == "none":
-            return "none"
-        at = f" @{self.deviation_layer}" if self.strategy == "deviation" else ""
-        return f"{self.strategy} {self.share:.0%}{at}"
+        """Short name for reports: ``none``, ``boundary``, ``first 10%``, ``deviation 15% @1``."""
+        budget = f" {self.share:.0%}" if self.strategy in SHARED_STRATEGIES else ""
+        at = f" @{self.select_layer}" if self.strategy in LAYERED_STRATEGIES else ""
+        return f"{self.strategy}{budget}{at}"
 
 
 def resolve_reuse(requested: str | ChunkReuse | None, default: ChunkReuse | None) -> ChunkReuse | None:

@@ -4,35 +4,39 @@ Given a buffer that holds the exact part of the prompt and, at each reused run's
 canonical KV (``place_run``: keys re-rotated by the position delta), ``StitchedPrefill.run`` computes
 the tokens that must be computed (gaps, question) plus a selection of reused tokens, layer by layer:
 a computed token's fresh K/V overwrite the stitched ones at every layer, and its query attends
-causally over the whole stitched context (an explicit mask over explicit positions): the fused
-runner's own layer loop at explicit positions (``run_at``; ``layer_kv`` for one layer's fresh K/V).
+causally over the whole stitched context (an explicit mask over explicit positions). Built from the
+fused runner's own layer loop at explicit positions (``run_at``, ``run_layers``; ``layer_kv`` for one
+layer's fresh K/V).
 
-Selection (``ChunkReuse.strategy``):
-  * ``none``: no reused token is recomputed (the naive stitch);
-  * ``first``: the first ``share`` of each reused chunk (its marker-side head, the chunk's own
-    attention sink), at least one token per chunk;
-  * ``deviation`` (CacheBlend): layers ``< deviation_layer`` run for every reused token (their K/V
-    are then exact), at ``deviation_layer`` the ``share`` of reused tokens whose fresh K/V differ most
-    from the stitched ones is kept, and only those continue.
+Which reused tokens are recomputed is the policy's strategy, a selector looked up by name
+(``engine.chunks.selection``: ``none``, ``boundary``, ``first``, ``edges``, ``deviation``, ``query``).
+
+The run also estimates how far the result is from exact (``StitchStats.deviation``): the share of
+the attention the question's tokens pay, at ``select_layer`` of the main pass, to chunk tokens whose
+KV stayed stitched (0: the question read no stitched KV there; every prompt token computed gives 0).
 
 Example:
     >>> stitched = StitchedPrefill(runner)                               # doctest: +SKIP
     >>> for run, segment in zip(plan.runs, sources):                     # doctest: +SKIP
     ...     place_run(runner, buffer, run, segment)
-    >>> logits = stitched.run(buffer, prompt_ids, plan, ChunkReuse())    # doctest: +SKIP
+    >>> logits, stats = stitched.run(buffer, prompt_ids, plan, ChunkReuse())    # doctest: +SKIP
+    >>> stats.deviation                                                   # doctest: +SKIP
+    0.31
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.chunks.plan import ReusedRun, StitchPlan
 from engine.chunks.reuse import ChunkReuse
+from engine.chunks.selection import StitchContext, selector
 from engine.fused import FusedLlamaRunner
+from engine.fused_attention import PositionsAttention
 from engine.kv.state import KVBuffer, KVSegment
 
 
@@ -64,10 +68,12 @@ def place_run(runner: FusedLlamaRunner, buffer: KVBuffer, run: ReusedRun, segmen
 
 @dataclass
 class StitchStats:
-    """What one stitched prefill recomputed (reused positions), and seconds spent selecting them."""
+    """What one stitched prefill recomputed (reused positions), seconds spent selecting them, and
+    the share of the question's attention on the stitched KV left as it was (see the module doc)."""
 
     recomputed_positions: list[int] = field(default_factory=list)
     select_s: float = 0.0
+    deviation: float = 0.0
 
 
 class StitchedPrefill:
@@ -81,85 +87,91 @@ class StitchedPrefill:
         self, buffer: KVBuffer, prompt_ids: Sequence[int], plan: StitchPlan, policy: ChunkReuse
     ) -> tuple[torch.Tensor, StitchStats]:
         """Float32 logits of the last prompt position; ``buffer`` holds the whole prompt afterwards."""
-        stats = StitchStats()
         always = torch.tensor(plan.computed_positions(), dtype=torch.long)
-        if policy.strategy == "deviation" and policy.share > 0:
-            x = self._deviation(buffer, prompt_ids, plan, policy, always, stats)
-        else:
-            picks = first_tokens(plan, policy.share) if policy.strategy == "first" else []
-            chosen = torch.tensor(sorted([*always.tolist(), *picks]), dtype=torch.long)
-            stats.recomputed_positions = picks
-            x = self._layers(buffer, self._embed(prompt_ids, chosen), chosen, range(self.runner.num_layers))
+        ctx = StitchContext(self, buffer, prompt_ids, plan, policy, always)
+        clock = time.perf_counter()
+        chosen = selector(policy.strategy).select(ctx)
+        stats = StitchStats(chosen.picks, time.perf_counter() - clock)
+        question = chosen.positions >= plan.runs[-1].end
+        watch = (ctx.layer, question) if chosen.layer <= ctx.layer else None
+        x, mass = self.forward_watched(
+            buffer, chosen.x, chosen.positions, range(chosen.layer, self.runner.num_layers), watch
+        )
+        if mass is not None:
+            stitched = torch.ones(plan.total, dtype=torch.bool)
+            stitched[chosen.positions] = False  # computed now: exact for the stitched context
+            stitched[: plan.exact_end] = False
+            stats.deviation = float(mass[stitched[: mass.shape[0]]].sum())
         buffer.set_length(plan.total)
         return self.runner.last_logits(x), stats
 
-    def _deviation(
-        self,
-        buffer: KVBuffer,
-        prompt_ids: Sequence[int],
-        plan: StitchPlan,
-        policy: ChunkReuse,
-        always: torch.Tensor,
-        stats: StitchStats,
-    ) -> torch.Tensor:
-        reused = torch.tensor([p for run in plan.runs for p in range(run.start, run.end)], dtype=torch.long)
-        every = torch.sort(torch.cat([always, reused])).values
-        layer = min(policy.deviation_layer, self.runner.num_layers - 1)
-        x = self._layers(buffer, self._embed(prompt_ids, every), every, range(layer))
-        budget = min(int(policy.share * len(reused)), len(reused))  # never over the share
-        clock = time.perf_counter()
-        picks = self._most_deviating(buffer, x, every, reused, layer, budget)
-        chosen = torch.sort(torch.cat([always, picks])).values
-        rows = torch.searchsorted(every, chosen)  # chosen positions are rows of `every`
-        stats.select_s, stats.recomputed_positions = time.perf_counter() - clock, picks.tolist()
-        return self._layers(buffer, x[rows], chosen, range(layer, self.runner.num_layers))
+    def embed(self, prompt_ids: Sequence[int], positions: torch.Tensor) -> torch.Tensor:
+        """Input hidden states ``[T, hidden]`` of the tokens at ``positions``."""
+        return self.runner.embed_ids([prompt_ids[p] for p in positions.tolist()])
 
-    def _most_deviating(
-        self,
-        buffer: KVBuffer,
-        x: torch.Tensor,
-        every: torch.Tensor,
-        reused: torch.Tensor,
-        layer: int,
-        budget: int,
-    ) -> torch.Tensor:
-        """The ``budget`` reused positions whose fresh K/V at ``layer`` differ most from the stitched.
-        Every reused token's fresh K/V at ``layer`` replace the stitched ones (its input is exact)."""
-        r = self.runner
-        rows = torch.searchsorted(every, reused)
-        k, v = r.layer_kv(layer, x[rows], reused)  # [n, KVH, D]
-        k_store, v_store = buffer.stores()
-        old_k = k_store[layer, 0][:, reused].transpose(0, 1)  # [n, KVH, D]
-        old_v = v_store[layer, 0][:, reused].transpose(0, 1)
-        deviation = _squared_distance(k, old_k) + _squared_distance(v, old_v)
-        k_store[layer, 0][:, reused] = k.transpose(0, 1)
-        v_store[layer, 0][:, reused] = v.transpose(0, 1)
-        return torch.sort(reused[deviation.topk(budget).indices]).values
-
-    def _embed(self, prompt_ids: Sequence[int], positions: torch.Tensor) -> torch.Tensor:
-        return self.runner.embed_ids([prompt_ids[p] for p in positions.tolist()])  # [T, hidden]
-
-    def _layers(
+    @torch.inference_mode()
+    def forward(
         self, buffer: KVBuffer, x: torch.Tensor, positions: torch.Tensor, layers: range
     ) -> torch.Tensor:
         """Run ``x`` (hidden states of ``positions``, ascending) through ``layers``: each writes the
         tokens' K/V at their positions, then attends causally over the stitched context."""
         return self.runner.run_at(buffer, x, positions, layers)
 
+    @torch.inference_mode()
+    def forward_watched(
+        self,
+        buffer: KVBuffer,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        layers: range,
+        watch: tuple[int, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward``, and at ``watch = (layer, rows)`` the attention ``rows`` pay to each key
+        position (``attention_mass``) once that layer's K/V are written (None without a watch)."""
+        if watch is None:
+            return self.forward(buffer, x, positions, layers), None
+        attention = _Watched(PositionsAttention(buffer, positions, self.runner.scale), *watch, self._mass)
+        return self.runner.run_layers(x, positions, attention, layers), attention.mass
 
-def first_tokens(plan: StitchPlan, share: float) -> list[int]:
-    """Positions of the first ``share`` of each reused chunk's tokens (rounded down, at least one per
-    chunk when ``share > 0``), counted from the chunk's own start, within the run."""
-    if share <= 0:
-        return []
-    picks: list[int] = []
-    for run in plan.runs:
-        chunk_len = run.offset + run.length
-        head = max(1, int(share * chunk_len))  # never over the share, but one token at least
-        picks.extend(range(run.start, run.start + max(0, min(head - run.offset, run.length))))
-    return picks
+    @torch.inference_mode()
+    def attention_mass(
+        self, buffer: KVBuffer, x: torch.Tensor, positions: torch.Tensor, layer: int, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """At ``layer`` (``x``: the hidden states of ``positions`` entering it, every position the
+        buffer does not hold yet included), write their K/V and return the attention the ``rows``
+        (a mask over them) pay to each key position, averaged over heads and rows: ``[total]``."""
+        mass = self.forward_watched(buffer, x, positions, range(layer, layer + 1), (layer, rows))[1]
+        assert mass is not None
+        return mass
+
+    def _mass(self, q: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        # q [R, H, D], mask [R, total], keys [KVH, total, D] -> [total]: mean softmax weight per key
+        r = self.runner
+        group = r.heads // r.kv_heads
+        kh = keys.float().repeat_interleave(group, dim=0)  # [H, total, D]
+        scores = torch.einsum("rhd,htd->rht", q.float(), kh) * r.scale
+        scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+        return torch.softmax(scores, dim=-1).mean(dim=(0, 1))
 
 
-def _squared_distance(fresh: torch.Tensor, stitched: torch.Tensor) -> torch.Tensor:
-    # [n, KVH, D] x2 -> [n]
-    return (fresh.float() - stitched.float()).pow(2).sum((1, 2))
+class _Watched:
+    """An ``Attention`` that, at one layer, also measures the attention some rows pay to each key."""
+
+    def __init__(
+        self,
+        inner: PositionsAttention,
+        layer: int,
+        rows: torch.Tensor,
+        measure: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> None:
+        self.inner, self.layer, self.rows, self.measure = inner, layer, rows, measure
+        self.mass: torch.Tensor | None = None
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.inner.write(layer, k, v)
+
+    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        if layer == self.layer:
+            keys = self.inner.k_store[layer, 0, :, : self.inner.total]
+            self.mass = self.measure(q[self.rows], self.inner.mask[self.rows], keys)
+        return self.inner.attend(layer, q)

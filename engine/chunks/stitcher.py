@@ -38,8 +38,9 @@ class Stitched:
     """A finished stitched prefill. Of the prompt tokens taken from chunk placements the cache held,
     ``stitched_tokens`` kept their (rotated) KV and ``recomputed_tokens`` were computed again;
     ``prefilled_tokens``: chunk tokens computed at their placement now (not cached before; they are
-    stitched and recomputed like the others). ``phases``: seconds (``stitch_load``: lookups, copies and
-    rotation; ``stitch_select``; ``chunk_prefill``; ``stitch_compute``)."""
+    stitched and recomputed like the others). ``deviation``: the stitched prefill's estimate of how
+    far it is from exact (``engine.chunks.stitch``). ``phases``: seconds (``stitch_load``: lookups,
+    copies and rotation; ``stitch_select``; ``chunk_prefill``; ``stitch_compute``)."""
 
     logits: torch.Tensor
     exact_end: int
@@ -47,6 +48,8 @@ class Stitched:
     recomputed_tokens: int
     prefilled_tokens: int
     kv: ChunkKV
+    deviation: float = 0.0
+    recomputed_positions: list[int] = field(default_factory=list)  # of every reused run, cached or not
     phases: dict[str, float] = field(default_factory=dict)
 
 
@@ -93,6 +96,8 @@ class ChunkStitcher:
             recomputed_tokens=recomputed,
             prefilled_tokens=kv.prefilled_tokens,
             kv=kv,
+            deviation=stats.deviation,
+            recomputed_positions=stats.recomputed_positions,
             phases={
                 "stitch_load": load_s,
                 "chunk_prefill": kv.prefill_s,

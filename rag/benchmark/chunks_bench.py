@@ -9,8 +9,9 @@ interleaved request by request with the order rotating:
 * per mode: the share of prompt tokens whose KV was reused (exact prefix + stitched chunks), and the
   stitching's own work (lookups, copies, rotation, selection) as a share of TTFT.
 
-Then fidelity to full prefill (``rag.benchmark.fidelity``) on an evenly spread subset of those prompts
-and on the needle workload (``rag.benchmark.needle``), every setting on the same prompts.
+Then fidelity to full prefill (``rag.benchmark.fidelity``) on an evenly spread subset of those prompts,
+every setting on the same prompts. What the settings do to the answers themselves is the answer-quality
+section's (``rag.benchmark.quality_bench``: the QA set, facts at every chunk position).
 
 Example:
     >>> section = run_chunks_bench(loaded, kb, workload, BenchConfig.quick_run())   # doctest: +SKIP
@@ -29,16 +30,14 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.models import LoadedModel
 from rag.benchmark.config import BenchConfig
-from rag.benchmark.fidelity import FidelityPrompt, SettingFidelity, compare
+from rag.benchmark.fidelity import FidelityPrompt, compare
 from rag.benchmark.measure import TTFT_PARAMS, rotated, sample_indices, warm_up_engine
-from rag.benchmark.needle import make_needles, needle_layouts, needle_prompts
 from rag.benchmark.stats import summarize
 from rag.benchmark.sweep import bench_rag_config
 from rag.benchmark.workload import Workload
 from rag.knowledge_base import KnowledgeBase
 from rag.pipeline import Pipeline
 from rag.prompt.assembler import Prompt
-from rag.types import ScoredChunk
 from rag.warming import WarmReport, warm_chunks
 
 OFF = "caching off"
@@ -136,7 +135,6 @@ def run_chunks_bench(
             kl_positions=config.chunks_kl_positions,
             advance=say,
         )
-        needle, needle_info = _needle(warm, off, kb, config, settings, say)
     finally:
         for eng in engines:
             eng.close()
@@ -151,8 +149,6 @@ def run_chunks_bench(
         "ttft_samples": {name: run.ttft_s for name, run in runs.items()},
         "fidelity": {label: f.summary() for label, f in fidelity.items()},
         "fidelity_prompts": len(fid_prompts),
-        "needle": {label: f.summary() for label, f in needle.items()},
-        "needle_info": needle_info,
         "answer_tokens": config.chunks_answer_tokens,
         "kl_positions": config.chunks_kl_positions,
     }
@@ -223,39 +219,6 @@ def _stream_prompts(requests: Sequence[Any], pipeline: Pipeline, n: int) -> list
         prompt = pipeline.assemble(req.question, req.hits, req.tenant)
         prompts.append(FidelityPrompt(list(prompt.token_ids), list(prompt.chunk_spans), req.tenant))
     return prompts
-
-
-def _needle(
-    warm: Engine,
-    off: Engine,
-    kb: KnowledgeBase,
-    config: BenchConfig,
-    settings: Sequence[ChunkReuse],
-    say: Step,
-) -> tuple[dict[str, SettingFidelity], dict[str, Any]]:
-    """Needles among corpus chunks, in given order; chunks warmed first, as in the stream."""
-    pipeline = Pipeline(bench_rag_config("relevance"), engine=warm, knowledge_base=kb)
-    distractors = [ScoredChunk.of(c, 0.0) for info in kb.list_documents() for c in kb.chunks_of(info.id)]
-    layouts = needle_layouts(
-        make_needles(config.chunks_needles, config.seed),
-        distractors,
-        config.chunks_needle_distractors,
-        config.seed,
-    )
-    built = needle_prompts(layouts, lambda q, chunks: pipeline.assemble(q, chunks, "needle"))
-    warm_chunks(warm, pipeline.assembler, _unique([c for _, chunks, _ in layouts for c in chunks]), "needle")
-    prompts = [
-        FidelityPrompt(list(p.token_ids), list(p.chunk_spans), "needle", needle.answer, position)
-        for needle, p, position in built
-    ]
-    out = compare(
-        warm, off, prompts, settings, answer_tokens=config.chunks_needle_tokens, kl_positions=0, advance=say
-    )
-    return out, {
-        "needles": len(prompts),
-        "distractors": config.chunks_needle_distractors,
-        "positions": sorted({p.needle_position for p in prompts if p.needle_position is not None}),
-    }
 
 
 def _unique(chunks: Sequence[Any]) -> list[Any]:

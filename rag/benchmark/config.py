@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine.chunks.reuse import STRATEGIES
 from rag.benchmark.sweep import CAPACITIES, EVICTIONS, ORDERS, SweepPoint
 from rag.benchmark.workload import WorkloadSpec
 
@@ -126,18 +127,33 @@ class BenchConfig(BaseModel):
     quick: bool = False
     # chunks section (reuse="chunks": TTFT, reuse and fidelity to full prefill)
     chunks_section: bool = True
-    chunks_requests: int = Field(default=24, ge=2, description="TTFT: the first n requests of the stream")
+    chunks_requests: int = Field(default=16, ge=2, description="TTFT: the first n requests of the stream")
     chunks_budgets: tuple[float, ...] = Field(
         default=(0.1, 0.2, 0.3), description="recompute shares, each run with 'first' and 'deviation'"
     )
     chunks_fidelity_prompts: int = Field(
-        default=8, ge=1, description="stream prompts compared to full prefill"
+        default=4, ge=1, description="stream prompts compared to full prefill (answers: the quality section)"
     )
     chunks_answer_tokens: int = Field(default=64, ge=1, description="greedy answer length compared")
     chunks_kl_positions: int = Field(default=16, ge=1, description="answer positions scored (teacher-forced)")
-    chunks_needles: int = Field(default=12, ge=1)
-    chunks_needle_distractors: int = Field(default=3, ge=1, description="corpus chunks beside each needle")
-    chunks_needle_tokens: int = Field(default=24, ge=1, description="answer length of a needle question")
+    # answer-quality section (the QA set: accuracy and agreement with full prefill per setting)
+    quality_section: bool = True
+    quality_questions: int = Field(default=24, ge=1, description="QA items in the stream (every setting)")
+    quality_matrix_questions: int = Field(
+        default=6,
+        ge=0,
+        description="of those, evenly spread, the ones the full-prefill variants (other orders, weights, KV "
+        "formats, reranker) run on (0: none)",
+    )
+    quality_answer_tokens: int = Field(default=40, ge=1, description="greedy answer length")
+    quality_agreement_tokens: int = Field(default=16, ge=1, description="leading answer tokens compared")
+    quality_kl_positions: int = Field(default=8, ge=0, description="answer positions scored (teacher-forced)")
+    quality_budgets: tuple[float, ...] = Field(
+        default=(0.1, 0.2, 0.3), description="recompute shares, each run with every strategy"
+    )
+    quality_strategies: tuple[str, ...] = Field(
+        default=STRATEGIES, description="recompute strategies compared"
+    )
 
     @model_validator(mode="after")
     def _valid(self) -> BenchConfig:
@@ -149,8 +165,15 @@ class BenchConfig(BaseModel):
                 )
         if not self.measured:
             raise ValueError("measured is empty: at least one engine configuration must run for real")
-        if not self.chunks_budgets or any(not 0 < b <= 1 for b in self.chunks_budgets):
-            raise ValueError(f"chunks_budgets are recompute shares in (0, 1], got {self.chunks_budgets}")
+        for name in ("chunks_budgets", "quality_budgets"):
+            budgets = getattr(self, name)
+            if not budgets or any(not 0 < b <= 1 for b in budgets):
+                raise ValueError(f"{name} are recompute shares in (0, 1], got {budgets}")
+        unknown_strategies = set(self.quality_strategies) - set(STRATEGIES)
+        if unknown_strategies:
+            raise ValueError(
+                f"quality_strategies: unknown {sorted(unknown_strategies)}; allowed {STRATEGIES}"
+            )
         bad = [c for c in self.capacities if not 0 <= c <= 1]
         if bad:
             raise ValueError(f"capacities are shares of the working set in [0, 1], got {bad}")
@@ -201,8 +224,10 @@ class BenchConfig(BaseModel):
             "chunks_fidelity_prompts": 1,
             "chunks_answer_tokens": 8,
             "chunks_kl_positions": 4,
-            "chunks_needles": 1,
-            "chunks_needle_distractors": 1,
+            "quality_questions": 3,
+            "quality_matrix_questions": 0,
+            "quality_kl_positions": 4,
+            "quality_budgets": (0.2,),
             "quick": True,
         }
         settings.update(overrides)

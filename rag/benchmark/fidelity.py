@@ -6,8 +6,7 @@ each chunks-mode setting (``ChunkReuse``), on the real engine:
 * the greedy answer (``answer_tokens`` tokens): first-token agreement, exact match, ROUGE-L F1 of
   its words against the reference answer's;
 * the next-token distributions over the reference answer's first ``kl_positions`` tokens, teacher-forced
-  (``Engine.score``): mean KL(reference || setting) per position;
-* needle prompts: whether the answer contains the expected fact.
+  (``Engine.score``): mean KL(reference || setting) per position.
 
 Every request of one prompt (reference and settings, greedy and scored) is submitted at once, so the
 engine decodes them as one batch; the engines run ``batch_invariant``, so batching changes no token.
@@ -37,13 +36,11 @@ from engine.sampling import SamplingParams
 
 @dataclass(frozen=True)
 class FidelityPrompt:
-    """One prompt to compare on: ids, chunk spans, tenant, and (needle prompts) the expected fact."""
+    """One prompt to compare on: ids, chunk spans, tenant."""
 
     token_ids: list[int]
     chunk_spans: list[tuple[int, int]]
     namespace: str = ""
-    expected: str | None = None
-    needle_position: int | None = None  # 1-based chunk position of the needle
 
 
 @dataclass
@@ -55,7 +52,6 @@ class SettingFidelity:
     exact: list[bool] = field(default_factory=list)
     rouge_l: list[float] = field(default_factory=list)
     kl: list[float] = field(default_factory=list)  # mean over the scored positions
-    correct: list[bool] = field(default_factory=list)  # needle prompts the reference got right
     recomputed_share: list[float] = field(default_factory=list)  # of the stitched chunks' tokens
 
     def summary(self) -> dict[str, Any]:
@@ -67,8 +63,6 @@ class SettingFidelity:
             "kl_mean": _mean(self.kl),
             "kl_median": statistics.median(self.kl) if self.kl else float("nan"),
             "kl_max": max(self.kl, default=float("nan")),
-            "needle_correct": sum(self.correct),
-            "needle_prompts": len(self.correct),
             "recomputed_share": _mean(self.recomputed_share),
         }
 
@@ -147,8 +141,6 @@ def _record(
     row.rouge_l.append(rouge_l(answer.text, ref.text))
     if ref_scores is not None and scores is not None:
         row.kl.append(statistics.fmean(kl_divergence(r, s) for r, s in zip(ref_scores, scores)))
-    if prompt.expected is not None and prompt.expected in ref.text:
-        row.correct.append(prompt.expected in answer.text)
     stitched = answer.stitched_tokens + answer.recomputed_tokens
     if stitched:
         row.recomputed_share.append(answer.recomputed_tokens / stitched)

@@ -19,6 +19,7 @@ from rag.benchmark.exactness_report import exactness_markdown
 from rag.benchmark.kv_remote_report import remote_rows
 from rag.benchmark.measure import OFF, TRANSFORMERS
 from rag.benchmark.plots import PLOTS, draw_all
+from rag.benchmark.quality_report import quality_markdown
 from rag.benchmark.retrieval_report import retrieval_section
 from rag.benchmark.weights_report import weights_markdown
 
@@ -135,6 +136,7 @@ def render_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         _engine_section(results),
         weights_markdown(results),
         chunks_markdown(results),
+        quality_markdown(results),
         _radix_section(results),
         _kv_section(results),
         retrieval_section(results),

@@ -28,6 +28,7 @@ from engine.models import LoadedModel, kv_bytes_per_token, load_model
 from rag.benchmark.baselines import llama_cpp_status
 from rag.benchmark.config import BenchConfig
 from rag.benchmark.measure import OFF, TRANSFORMERS, Measurement, measure_stream, measure_tpot, sample_indices
+from rag.benchmark.quality_bench import quality_steps
 from rag.benchmark.report import write_outputs
 from rag.benchmark.results import (
     capacity_monotone,
@@ -108,6 +109,8 @@ def run_benchmark(
                 advance=step,
             )
         chunks_section = _chunks_section(config, clock, step, loaded, kb, main)
+        gc.collect()
+        quality_section = _quality_section(config, clock, step, loaded, kb)
         engine_section = _engine_section(config, clock, step)
         gc.collect()  # the measured engines' caches (GBs) before the sections allocate theirs
         weights_section = _weights_section(config, clock, step, loaded, llama_ok)
@@ -130,6 +133,7 @@ def run_benchmark(
     results["baselines"]["vllm"] = {"available": vllm_ok, "note": vllm_note}
     results["weights_section"] = weights_section
     results["chunks_section"] = chunks_section
+    results["quality_section"] = quality_section
     results["radix_section"] = radix_section
     results["kv_section"] = kv_section
     results["retrieval_section"] = retrieval_section
@@ -309,6 +313,17 @@ def _chunks_section(
         return run_chunks_bench(loaded, kb, workload, config, step)
 
 
+def _quality_section(
+    config: BenchConfig, clock: _Clock, step: Step, loaded: LoadedModel, kb: KnowledgeBase
+) -> dict[str, Any] | None:
+    if not config.quality_section:
+        return None
+    from rag.benchmark.quality_bench import run_quality_bench
+
+    with clock("quality section"):
+        return run_quality_bench(loaded, kb, config, step)
+
+
 def _radix_section(
     config: BenchConfig, clock: _Clock, step: Step, bytes_per_token: int
 ) -> dict[str, Any] | None:
@@ -425,17 +440,15 @@ def _total_steps(config: BenchConfig) -> int:
     weights = config.weights_repeats + 4 + config.fidelity_prompts if config.weights_section else 0
     steady = int(config.steady_factor > 1)
     chunks = (
-        1
-        + min(config.chunks_requests, config.requests)
-        + config.chunks_fidelity_prompts
-        + config.chunks_needles
+        1 + min(config.chunks_requests, config.requests) + config.chunks_fidelity_prompts
         if config.chunks_section
         else 0
     )
     kv = 3 + len(config.kv_disk_dtypes) + 4 * int(config.kv_remote) if config.kv_section else 0
     retrieval = 2 * int(config.retrieval_section)
+    quality = quality_steps(config) if config.quality_section else 0
     exactness = (2 + (len(code_paths()) if config.exactness_all_paths else 1)) * int(config.exactness_section)
-    sections = engine + weights + int(config.radix_section) + kv + chunks + retrieval + exactness
+    sections = engine + weights + int(config.radix_section) + kv + chunks + retrieval + exactness + quality
     return 2 + sweep + steady + config.requests + 1 + sections
 
 

@@ -35,10 +35,11 @@ DEFAULT = "default (config)"
 PLAIN = "plain dense (MiniLM + FAISS)"
 DENSE = "dense"
 RERANK = "hybrid weighted + diversity + embedding rerank"
+UNRERANKED = "hybrid weighted + diversity"
 # The targets for the default on the held-out split.
 RECALL1_TARGET, RECALL4_TARGET, P50_MS_TARGET = 0.80, 0.97, 25.0
-RERANK_TIMED_QUERIES = 8  # the embedding reranker is timed cold on this many questions
-RERANK_BUDGET_MS = 50.0
+# The reranker's: with it the default reaches these, adding at most this much to a query's p50.
+RERANK_RECALL1_TARGET, RERANK_RECALL4_TARGET, RERANK_BUDGET_MS = 0.82, 0.95, 5.0
 
 
 def method_settings(kb: KnowledgeBase, *, variants: bool = True, rerankers: bool = True) -> list[EvalSetting]:
@@ -77,8 +78,9 @@ def method_settings(kb: KnowledgeBase, *, variants: bool = True, rerankers: bool
                 bm25=words_only_bm25(parts, kb.search_text),
             ),
         ]
-    if rerankers:
-        reranker = EmbeddingReranker(kb.embedder, kb.chunker, weight=base.rerank_weight)
+    if rerankers:  # over the window vectors the knowledge base keeps (computed now where missing)
+        kb.fill_windows(show_progress=True)
+        reranker = EmbeddingReranker(kb.embedder, kb.chunker, weight=base.rerank_weight, source=kb)
         settings.append(EvalSetting(RERANK, "hybrid", "weighted", reranker=reranker, config=capped))
     return [*settings, EvalSetting(DEFAULT)]
 
@@ -104,11 +106,8 @@ def compare_methods(
     sample = questions[:timed_questions]
     timed = {name: latency(kb, by_name[name], sample) for name in (DEFAULT, DENSE, "bm25", "hybrid weighted")}
     if rerankers:
-        reranker = by_name[RERANK].reranker
-        assert isinstance(reranker, EmbeddingReranker)
-        timed[RERANK] = latency(
-            kb, by_name[RERANK], questions[:RERANK_TIMED_QUERIES], before_each=reranker.clear_cache
-        )
+        timed[RERANK] = latency(kb, by_name[RERANK], sample)
+        timed[UNRERANKED] = latency(kb, by_name[UNRERANKED], sample)
     report = {
         "split": split,
         "questions": len(questions),
@@ -146,15 +145,24 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         ),
     ]
     if RERANK in report["latency_ms"]:
-        added = report["latency_ms"][RERANK]["p50"] - report["latency_ms"]["hybrid weighted"]["p50"]
-        off = report["config"]["reranker"] == "none"
-        out.append(
+        timed = report["latency_ms"]
+        added = timed[RERANK]["p50"] - timed[UNRERANKED]["p50"]
+        rerank = rows[RERANK]
+        out += [
             _target(
-                f"a reranker adds <= {RERANK_BUDGET_MS:.0f} ms per query at top-20, or is off by default",
-                f"embedding rerank adds {added:.0f} ms (cold); default reranker: {report['config']['reranker']}",
-                added <= RERANK_BUDGET_MS or off,
-            )
-        )
+                f"the embedding reranker adds <= {RERANK_BUDGET_MS:.0f} ms to a query's p50 ({report['chunks']} "
+                "chunks, window vectors from ingestion)",
+                f"{added:.1f} ms (default reranker: {report['config']['reranker']})",
+                added <= RERANK_BUDGET_MS,
+            ),
+            _target(
+                f"with the reranker: recall@1 >= {RERANK_RECALL1_TARGET:.2f} and recall@4 >= "
+                f"{RERANK_RECALL4_TARGET:.2f}",
+                f"{rerank['recall']['1']:.3f} / {rerank['recall']['4']:.3f}",
+                rerank["recall"]["1"] >= RERANK_RECALL1_TARGET
+                and rerank["recall"]["4"] >= RERANK_RECALL4_TARGET,
+            ),
+        ]
     return out
 
 

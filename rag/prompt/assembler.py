@@ -107,17 +107,23 @@ class PromptAssembler:
         return self.max_context_tokens - self.max_tokens
 
     def assemble(
-        self, question: str, chunks: Sequence[ChunkLike], *, prefix_probe: PrefixProbe | None = None
+        self,
+        question: str,
+        chunks: Sequence[ChunkLike],
+        *,
+        prefix_probe: PrefixProbe | None = None,
+        order: str | None = None,
     ) -> Prompt:
         """Token ids for a grounded question; ``chunks`` ranked best first (lowest ranks drop first).
 
         ``prefix_probe`` overrides the assembler's for this call, e.g. one bound to the request's
-        cache namespace (tenant) for the ``cache`` order.
+        cache namespace (tenant) for the ``cache`` order; ``order`` overrides its chunk order (e.g.
+        ``CHUNKS_MODE_ORDER`` for a ``reuse="chunks"`` request).
         """
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
         probe = self.prefix_probe if prefix_probe is None else prefix_probe
-        return self._grounded([*self._stable_parts], question, chunks, self._tail, [], probe)
+        return self._grounded([*self._stable_parts], question, chunks, self._tail, [], probe, order)
 
     def assemble_chat(
         self,
@@ -125,6 +131,7 @@ class PromptAssembler:
         chunks: Sequence[ChunkLike],
         *,
         prefix_probe: PrefixProbe | None = None,
+        order: str | None = None,
     ) -> Prompt:
         """Token ids for a chat grounded on ``chunks``: its last user message is the question, laid out
         as ``assemble`` lays one out (chunks in the same order, within the same budget, then
@@ -137,7 +144,7 @@ class PromptAssembler:
         msgs = validate_messages(messages)
         head, tail, after = self._chat_frame(msgs, _last_user(msgs))
         probe = self.prefix_probe if prefix_probe is None else prefix_probe
-        return self._grounded(head, question, chunks, tail, after, probe)
+        return self._grounded(head, question, chunks, tail, after, probe, order)
 
     def _grounded(
         self,
@@ -147,9 +154,12 @@ class PromptAssembler:
         tail: str,
         after: list[Part],
         probe: PrefixProbe | None,
+        order: str | None = None,
     ) -> Prompt:
-        """``head``, the chunks that fit (in this assembler's order after ``head``), the question
-        closed by ``tail``, then ``after``."""
+        """``head``, the chunks that fit (in ``order``, default this assembler's, after ``head``), the
+        question closed by ``tail``, then ``after``."""
+        if order is not None and order not in ORDERS:
+            raise ValueError(f"unknown chunk order {order!r}; allowed: {', '.join(ORDERS)}")
         ranked = _dedupe(chunks)
         bodies = self._layout.encode_many([chunk_body(c) for c in ranked])
         head_ids = [i for part in head for i in part.ids]
@@ -159,7 +169,7 @@ class PromptAssembler:
         def ids_at(i: int, pos: int) -> list[int]:
             return self._marker(pos) + bodies[i]
 
-        perm = order_indices(self.order, ranked[:kept], head_ids, ids_at, probe)
+        perm = order_indices(order or self.order, ranked[:kept], head_ids, ids_at, probe)
         chunk_parts = [self._chunk_part(ranked[i], pos, bodies[i]) for pos, i in enumerate(perm)]
         return join_parts(
             [*head, *chunk_parts, question_part, *after],

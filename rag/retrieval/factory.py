@@ -26,6 +26,7 @@ from rag.retrieval.retriever import (
     QueryEmbedder,
     QueryRetriever,
 )
+from rag.retrieval.windows import WindowSource
 from rag.types import Chunk
 
 
@@ -70,10 +71,13 @@ def make_retriever(
     return retriever
 
 
-def make_reranker(config: RAGConfig, embedder: Embedder, chunker: Chunker) -> Reranker:
-    """The reranker the config names (``reranker``: none, embedding or cross-encoder)."""
+def make_reranker(
+    config: RAGConfig, embedder: Embedder, chunker: Chunker, windows: WindowSource | None = None
+) -> Reranker:
+    """The reranker the config names (``reranker``: none, embedding or cross-encoder); the embedding
+    reranker reads its window vectors from ``windows`` (a knowledge base) when given."""
     if config.reranker == "embedding":
-        return EmbeddingReranker(embedder, chunker, weight=config.rerank_weight)
+        return EmbeddingReranker(embedder, chunker, weight=config.rerank_weight, source=windows)
     if config.reranker == "cross-encoder":
         assert config.reranker_model is not None  # checked by RAGConfig
         return CrossEncoderReranker(config.reranker_model)

@@ -2,10 +2,10 @@
 
 - ``Reranker``: the role (a ``typing.Protocol``): ``rerank(query, hits, top_k) -> list[ScoredChunk]``.
 - ``NoReranker``: keeps the first-stage order (the measured default; ``prefixrag eval-retrieval``).
-- ``EmbeddingReranker``: needs no extra model. It re-embeds each candidate as overlapping windows of
-  ``window_tokens`` (a 256-token chunk is longer than MiniLM reads, and one sentence can drown in a
-  long chunk), takes the best window's cosine, and fuses it with the first-stage score.
-  Window vectors are cached per chunk id.
+- ``EmbeddingReranker``: needs no extra model. It scores each candidate by its best window
+  (``rag.retrieval.windows``: overlapping windows of ``window_tokens``, since a 256-token chunk is
+  longer than MiniLM reads and one sentence can drown in it) and fuses that cosine with the
+  first-stage score. A knowledge base computes the window vectors at ingestion and hands them over.
 - ``CrossEncoderReranker``: a sentence-transformers ``CrossEncoder`` from any local directory.
 
 Example:
@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -26,6 +25,7 @@ import numpy as np
 from rag.ingestion.chunking import Chunker
 from rag.query import check_top_k
 from rag.retrieval.embedder import Embedder, _hub_offline
+from rag.retrieval.windows import WINDOW_OVERLAP, WINDOW_TOKENS, WindowCache, WindowSource, WindowVectors
 from rag.types import ScoredChunk
 
 
@@ -58,8 +58,9 @@ class EmbeddingReranker:
     """Re-scores hits by their best-matching window, fused with the first-stage score.
 
     ``score = (1 - weight) * minmax(first-stage score) + weight * minmax(best window cosine)``,
-    normalised over the candidate list. Windows are ``window_tokens`` LLM tokens with ``window_overlap``
-    overlap, each prefixed with the chunk's title (``metadata["title"]``) when there is one.
+    normalised over the candidate list. The windows (``rag.retrieval.windows``) come from ``source``:
+    a knowledge base gives the ones it computed at ingestion (the rerank is then a dot product);
+    without one they are embedded on first sight and kept per chunk id (``WindowCache``).
 
     Example:
         >>> reranker = EmbeddingReranker(Embedder(), Chunker(), weight=0.3)   # doctest: +SKIP
@@ -71,50 +72,33 @@ class EmbeddingReranker:
         embedder: Embedder,
         chunker: Chunker | None = None,
         weight: float = 0.3,
-        window_tokens: int = 96,
-        window_overlap: int = 32,
+        window_tokens: int = WINDOW_TOKENS,
+        window_overlap: int = WINDOW_OVERLAP,
         cache_size: int = 4096,
+        source: WindowSource | None = None,
     ) -> None:
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"weight must be in [0, 1], got {weight}")
         self.embedder = embedder
-        self.windows = (chunker or Chunker()).resized(window_tokens, window_overlap)
         self.weight = weight
-        self.cache_size = cache_size
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # chunk id -> [windows, dim]
+        self.windows = WindowVectors(embedder, chunker, window_tokens, window_overlap)
+        self.source: WindowSource = source or WindowCache(self.windows, cache_size)
 
     def clear_cache(self) -> None:
-        """Forget every chunk's window vectors (the next query embeds its candidates' windows again)."""
-        self._cache.clear()
+        """Forget the window vectors the reranker embedded itself (a knowledge base's stay)."""
+        if isinstance(self.source, WindowCache):
+            self.source.clear()
 
     def rerank(self, query: str, hits: Sequence[ScoredChunk], top_k: int) -> list[ScoredChunk]:
         check_top_k(top_k)
         if len(hits) <= 1:
             return list(hits[:top_k])
         q = self.embedder.embed_query(query)  # [dim]
-        self._embed_missing(hits)
-        window_best = np.array([float((self._cache[h.chunk_id] @ q).max()) for h in hits])
+        window_best = np.array([float((v @ q).max()) for v in self.source.window_vectors(hits)])
         first = np.array([h.score for h in hits])
         fused = (1 - self.weight) * _minmax(first) + self.weight * _minmax(window_best)
         order = np.argsort(-fused, kind="stable")[:top_k]
         return [hits[i].model_copy(update={"score": float(fused[i])}) for i in order.tolist()]
-
-    def _embed_missing(self, hits: Sequence[ScoredChunk]) -> None:
-        """Embed the windows of hits not in the cache, in one batch."""
-        owners, texts = [], []
-        for hit in dict((h.chunk_id, h) for h in hits if h.chunk_id not in self._cache).values():
-            title = hit.metadata.get("title")
-            for start, end in self.windows.spans(hit.text) or [(0, len(hit.text))]:
-                owners.append(hit.chunk_id)
-                texts.append(f"{title}\n\n{hit.text[start:end]}" if title else hit.text[start:end])
-        if texts:
-            vectors = self.embedder.embed(texts)  # [n_windows, dim]
-            for chunk_id in dict.fromkeys(owners):
-                self._cache[chunk_id] = vectors[[i for i, o in enumerate(owners) if o == chunk_id]]
-        for hit in hits:
-            self._cache.move_to_end(hit.chunk_id)
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
 
 
 class CrossEncoderReranker:

@@ -4,6 +4,9 @@ A collection's search touches only its own vectors and its own BM25 statistics, 
 exactly what indexing its documents alone would give, and no other collection's content (or term
 frequencies) can move its results. Documents come and go whole (``put``: a ``DocumentWrite`` with
 every chunk and its vectors; ``delete``); a chunk kept with the same search text keeps its vector.
+A chunk may also carry named extra vector sets (``extra``: e.g. the window vectors the embedding
+reranker reads, ``rag.retrieval.windows``), exactly those its last write gave it, dropped with the
+chunk; ``keep_vectors`` adds rows computed later (a local store's next save writes them).
 
 Example:
     >>> coll = Collection("alice", lambda dim: VectorIndex(dim), lambda: 384, lambda c: c.text)  # doctest: +SKIP
@@ -13,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,6 +126,11 @@ class Collection:
         extra = {name: by_id[chunk.chunk_id] for name, by_id in self.extra.items() if chunk.chunk_id in by_id}
         return ChunkRecord(chunk, vectors, extra)
 
+    def vector_set(self, name: str) -> dict[str, np.ndarray]:
+        """The rows of the extra vector set ``name`` this collection holds: chunk id -> [m, dim]
+        (empty when it holds none; read it, change it through ``keep_vectors``)."""
+        return self.extra.get(name, {})
+
     def record(self, doc_id: str) -> DocumentWrite | None:
         """A document's whole state, as a store writes it (None if unknown)."""
         record = self.docs.get(doc_id)
@@ -147,6 +155,9 @@ class Collection:
         fresh = [r for r in write.chunks if not self._indexed_as(r.chunk)]
         for record in write.chunks:
             self.chunks[record.chunk_id] = record.chunk  # refreshed metadata
+            for name, by_id in self.extra.items():  # exactly the sets the write gives it
+                if name not in record.extra:
+                    by_id.pop(record.chunk_id, None)
             for name, vectors in record.extra.items():
                 self.extra.setdefault(name, {})[record.chunk_id] = vectors
         self._index_vectors(fresh)
@@ -173,6 +184,21 @@ class Collection:
             for by_id in self.extra.values():
                 by_id.pop(chunk_id, None)
         self.changes += 1
+
+    def keep_vectors(self, name: str, rows: Mapping[str, np.ndarray]) -> None:
+        """Add rows to the extra vector set ``name`` for chunks of this collection (rows of chunks it
+        does not hold are ignored): vectors computed after the chunk was stored, such as window
+        vectors an index saved without them gets on first use. Counts as a change, so a local
+        store's next save writes them."""
+        kept = {chunk_id: v for chunk_id, v in rows.items() if chunk_id in self.chunks}
+        if kept:
+            self.extra.setdefault(name, {}).update(kept)
+            self.changes += 1
+
+    def drop_vector_set(self, name: str) -> None:
+        """Forget the extra vector set ``name`` (e.g. window vectors computed with other settings)."""
+        if self.extra.pop(name, None) is not None:
+            self.changes += 1
 
     def adopt(self, parts: CollectionParts) -> None:
         """Take over a whole collection at once (a store's load); BM25 is built from the chunk texts."""

@@ -113,9 +113,11 @@ def test_plain_response_shape_is_openai(server, engine):
         "total_tokens",
         "prompt_tokens_details",
     }
-    # stitched_tokens: the chunk-reuse extension (a chat prompt has no chunk spans: nothing is stitched)
-    assert data["usage"]["prompt_tokens_details"].keys() == {"cached_tokens", "stitched_tokens"}
-    assert data["usage"]["prompt_tokens_details"]["stitched_tokens"] == 0
+    # stitched_tokens, stitch_deviation: the chunk-reuse extension (a chat prompt has no chunk spans:
+    # nothing is stitched)
+    details = data["usage"]["prompt_tokens_details"]
+    assert details.keys() == {"cached_tokens", "stitched_tokens", "stitch_deviation"}
+    assert details["stitched_tokens"] == 0 and details["stitch_deviation"] is None
     assert isinstance(data["created"], int)
 
 

@@ -125,8 +125,10 @@ def test_warm_then_ask_in_chunks_mode(http):
     )
     usage = answer["usage"]
     assert usage["reuse"] == "chunks" and usage["stitched_tokens"] > 0 and usage["recomputed_tokens"] > 0
+    assert 0 < usage["stitch_deviation"] < 1  # the engine's estimate of how far it was from exact
     exact = _ask(http, "Who leads the Zorblax team, and what is the project's code?", top_k=3, reuse="prefix")
     assert exact["usage"]["reuse"] == "prefix" and exact["usage"]["stitched_tokens"] == 0
+    assert exact["usage"]["stitch_deviation"] is None
     metrics = http.get("/metrics").text
     assert 'prefixrag_stitched_prompt_tokens_total{endpoint="ask"}' in metrics
     assert "prefixrag_chunk_reuse_stitched_tokens_total" in metrics

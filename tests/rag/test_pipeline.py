@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
@@ -9,7 +11,7 @@ from rag.config import RAGConfig
 from rag.ingestion.chunking import Chunker
 from rag.knowledge_base import KnowledgeBase
 from rag.pipeline import Pipeline
-from rag.types import Document
+from rag.types import Document, ScoredChunk
 from tests.rag.corpus import SMALL_CORPUS
 
 FACT = Document(id="zorblax.md", text="The Zorblax project is led by Ada Brennan. Its secret code is 4417.")
@@ -79,23 +81,34 @@ def test_closing_a_stream_early_releases_the_cache_lock(pipeline, engine):
 
 
 def test_cache_order_reuses_more_than_relevance_order(engine, embedder, llm_tokenizer):
-    """Same chunks in a different rank order: 'cache' order follows the cached prefix."""
+    """Same chunks in a different rank order: 'cache' order keeps the best-ranked chunk first
+    (``BEST_CHUNK_AT``) and follows the cached prefix with the others."""
     docs = [Document(id=f"d{i}", text=f"Fact {i}: the value of item {i} is {i * 37}.") for i in range(4)]
 
-    def run(order: str) -> int:
+    def run(order: str, rerank: Callable[[list[ScoredChunk]], list[ScoredChunk]]) -> tuple[int, str]:
         config = RAGConfig(max_tokens=4, chunk_order=order)
         kb = KnowledgeBase(config, embedder=embedder, chunker=Chunker(llm_tokenizer))
         p = Pipeline(config, engine=engine, knowledge_base=kb)
         p.add_documents(docs)
-        ns = f"order-{order}"
+        ns = f"order-{order}-{rerank.__name__}"
         hits = p.retrieve("value of item 1", top_k=4)
         first = p.assemble("value of item 1", hits, ns)
         engine.generate(first.token_ids, SamplingParams(max_tokens=1), namespace=ns)
-        reversed_hits = list(reversed(hits))  # a later question ranks the same chunks differently
-        second = p.assemble("value of item 2", reversed_hits, ns)
-        return engine.generate(second.token_ids, SamplingParams(max_tokens=1), namespace=ns).cached_tokens
+        later = rerank(hits)  # a later question ranks the same chunks differently
+        second = p.assemble("value of item 2", later, ns)
+        assert second.chunks[0].chunk_id == later[0].chunk_id  # the best-ranked chunk is never demoted
+        cached = engine.generate(second.token_ids, SamplingParams(max_tokens=1), namespace=ns).cached_tokens
+        return cached, second.chunks[0].chunk_id
 
-    assert run("cache") > run("relevance")
+    def same_best(hits: list[ScoredChunk]) -> list[ScoredChunk]:
+        return [hits[0], *reversed(hits[1:])]
+
+    def reversed_all(hits: list[ScoredChunk]) -> list[ScoredChunk]:
+        return list(reversed(hits))
+
+    assert run("cache", same_best)[0] > run("relevance", same_best)[0]
+    # another best chunk goes first whatever the cache holds: then both orders reuse the same
+    assert run("cache", reversed_all)[0] == run("relevance", reversed_all)[0]
 
 
 def test_empty_index_still_answers(engine, embedder, llm_tokenizer):

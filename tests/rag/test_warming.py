@@ -56,8 +56,26 @@ def test_chunks_mode_reuses_warmed_chunks_on_the_first_question(pipeline):
     assert usage.cached_tokens >= len(pipeline.assembler.stable_ids)  # the first chunk's placement, exact
     assert usage.stitched_tokens > 0 and usage.recomputed_tokens > 0
     assert usage.cached_tokens + usage.stitched_tokens + usage.recomputed_tokens < usage.prompt_tokens
+    assert usage.stitch_deviation is not None and 0 < usage.stitch_deviation < 1
     exact = pipeline.ask("What is the secret code of the Zorblax project?", top_k=3, namespace="chunks")
     assert exact.usage.reuse == "prefix" and exact.usage.stitched_tokens == 0
+    assert exact.usage.stitch_deviation is None
+
+
+def test_after_warming_the_best_chunk_stays_first(pipeline):
+    """Behaviour change (issue 26): with every placement cached alike, the ``cache`` order keeps the
+    retrieval's order (it used to put first the longest chunk, or one an earlier prompt began with);
+    chunks mode lays the chunks out in relevance order whatever the cache holds."""
+    pipeline.warm("order")
+    for question in (
+        "What is the secret code of the Zorblax project?",
+        "When was the Eiffel Tower completed?",
+    ):
+        ranked = [h.chunk_id for h in pipeline.retrieve(question, top_k=3)]
+        exact = pipeline.ask(question, top_k=3, namespace="order")
+        assert [s.chunk_id for s in exact.sources] == ranked
+        stitched = pipeline.ask(question, top_k=3, namespace="order", reuse="chunks")
+        assert [s.chunk_id for s in stitched.sources] == ranked
 
 
 def test_warmed_chunks_are_not_shared_across_tenants(pipeline):

@@ -119,6 +119,11 @@ class PromptTokensDetails(BaseModel):
         description="extension: prompt tokens whose KV came from cached chunks at other positions "
         "(reuse mode 'chunks'; approximate)",
     )
+    stitch_deviation: float | None = Field(
+        default=None,
+        description="extension: how far a stitched prompt was from exact, 0 to 1 (the share of the "
+        "question's attention on stitched chunk KV; null when nothing was stitched)",
+    )
 
 
 class Usage(BaseModel):
@@ -129,14 +134,21 @@ class Usage(BaseModel):
 
     @classmethod
     def of(
-        cls, prompt_tokens: int, cached_tokens: int, completion_tokens: int, stitched_tokens: int = 0
+        cls,
+        prompt_tokens: int,
+        cached_tokens: int,
+        completion_tokens: int,
+        stitched_tokens: int = 0,
+        stitch_deviation: float | None = None,
     ) -> Usage:
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
             prompt_tokens_details=PromptTokensDetails(
-                cached_tokens=cached_tokens, stitched_tokens=stitched_tokens
+                cached_tokens=cached_tokens,
+                stitched_tokens=stitched_tokens,
+                stitch_deviation=stitch_deviation,
             ),
         )
 
@@ -148,6 +160,7 @@ class Usage(BaseModel):
             result.cached_tokens,
             result.completion_tokens,
             getattr(result, "stitched_tokens", 0),
+            getattr(result, "stitch_deviation", None),
         )
 
 

@@ -89,6 +89,12 @@ class AskUsage(BaseModel):
     recomputed_tokens: int = Field(
         default=0, description="reused chunk tokens computed again so the chunks see each other"
     )
+    stitch_deviation: float | None = Field(
+        default=None,
+        description="how far a stitched prompt was from exact, 0 to 1: the share of the question's attention, "
+        "at the engine's selection layer, on chunk tokens whose KV was reused at a new position and not "
+        "recomputed (null when nothing was stitched); the benchmark report relates it to answer changes",
+    )
     reuse: str = Field(default="prefix", description="the KV reuse mode that served the question")
 
     @classmethod
@@ -100,6 +106,7 @@ class AskUsage(BaseModel):
             total_tokens=usage.total_tokens,
             stitched_tokens=usage.stitched_tokens,
             recomputed_tokens=usage.recomputed_tokens,
+            stitch_deviation=usage.stitch_deviation,
             reuse=usage.reuse,
         )
 

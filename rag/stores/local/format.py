@@ -6,7 +6,9 @@
       documents.json every document with its digest and chunk ids, in insertion order
       chunks.json    every chunk
       <FAISS files>  the vector index (``VectorIndex.write``)
-      extra.json     (only with extra vector sets) chunk id -> row range of each set's ``extra-<n>.npy``
+      extra.json     (only with extra vector sets) chunk id -> row range of each set's ``extra-<n>.npy``:
+                     the embedding reranker's window vectors (``rag.retrieval.windows``); optional,
+                     an index without them loads as it is and gets them when first needed
 
 A collection unchanged since the previous version is hard-linked from it rather than rewritten
 (files are never modified in place, so versions can share them). Format 1 (before collections) held

@@ -4,7 +4,10 @@ Every write (the documents, all their chunks and vectors, the log entries) is on
 acknowledged only after it commits, and applied to this replica's indexes at once (read your
 writes). Other replicas' writes arrive through the change log (``rag.stores.postgres.follow``): a
 LISTEN/NOTIFY wake-up, with polling as the fallback. Embeddings are computed by the writer and
-stored; a follower reads them, never re-embeds. While the database does not answer, searches go on
+stored; a follower reads them, never re-embeds. So are the embedding reranker's window vectors
+(the chunks' extra vector sets, ``chunk_vectors``) that a writer computes at ingestion; the ones a
+chunk stored without them gets later (``KnowledgeBase.window_vectors``, ``fill_windows``) are
+computed by each replica and held in its memory only, never written back. While the database does not answer, searches go on
 from what this replica holds, writes raise ``StoreUnavailable`` (the API answers 503 with
 Retry-After), and the store reconnects by itself; a wrong URL or credentials fail at open, naming
 the problem. Nothing depends on pgvector.

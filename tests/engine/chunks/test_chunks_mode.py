@@ -223,7 +223,7 @@ def test_batched_chunks_requests_equal_sequential_ones(loaded_model):
 def test_deviation_recomputes_its_share(engine_chunks):
     ids, spans = rag_prompt(engine_chunks.tokenizer, "abc")
     engine_chunks.generate(ids, GREEDY, namespace="deviation", chunk_spans=spans)
-    policy = ChunkReuse("deviation", 0.25, deviation_layer=2)
+    policy = ChunkReuse("deviation", 0.25, select_layer=2)
     r = engine_chunks.generate(ids, GREEDY, namespace="deviation", chunk_spans=spans, reuse=policy)
     reused = sum(e - s for s, e in spans[1:])
     assert r.recomputed_tokens == int(0.25 * reused)  # rounded down: never over the share

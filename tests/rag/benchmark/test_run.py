@@ -55,9 +55,12 @@ TINY = BenchConfig.quick_run(
     chunks_fidelity_prompts=1,
     chunks_answer_tokens=4,
     chunks_kl_positions=2,
-    chunks_needles=2,
-    chunks_needle_distractors=1,
-    chunks_needle_tokens=4,
+    quality_questions=3,
+    quality_matrix_questions=1,
+    quality_answer_tokens=6,
+    quality_kl_positions=2,
+    quality_budgets=(0.2,),
+    quality_strategies=("none", "first"),
     retrieval_section=True,
     retrieval_scale_chunks=500,
     exactness_section=False,  # tests/rag/benchmark/test_exactness_section.py runs it
@@ -319,8 +322,38 @@ def test_chunks_section_measures_every_mode_and_setting(run):
     for label, f in section["fidelity"].items():
         assert f["prompts"] == 1 and f["kl_mean"] >= -1e-6, label  # KL >= 0 up to rounding
         assert 0 <= f["rouge_l"] <= 1 and f["first_token_agreement"] in (0.0, 1.0)
-    assert section["needle_info"]["needles"] == 2 and section["needle_info"]["positions"] == [1, 2]
     report = (out / "report.md").read_text()
     assert "## Chunk reuse beyond the prefix" in report
     assert report.count("| chunks warm, ") == len(section["settings"])
     assert "### Targets at" in report
+
+
+def test_quality_section_scores_every_setting_against_full_prefill(run):
+    """Every row on its questions, full prefill agreeing with itself, exact modes giving full prefill's
+    answers wherever their prompt was full prefill's, and a report row per setting."""
+    out, results = run
+    section = results["quality_section"]
+    rows = section["settings"]
+    ref = rows["full prefill"]
+    assert ref["questions"] == section["questions"] == 3 and section["matrix_questions"] == 1
+    assert ref["agreement"] == ref["exact"] == 1.0 and ref["kl_mean"] == 0.0
+    assert {"order", "chunks", "weights", "kv", "retrieval"} <= {r["group"] for r in rows.values()}
+    for name, row in rows.items():
+        if row["group"] == "retrieval":  # corpus questions of the slice only
+            assert row["questions"] <= 1
+            continue
+        assert row["questions"] == (1 if row["matrix"] else 3), name
+        lo, hi = row["accuracy_ci"]
+        assert 0 <= lo <= row["accuracy"] <= hi <= 1 and row["ttft_s_mean"] > 0, name
+        assert row["kl_mean"] >= -1e-6 and 0 <= row["hit_rate"] <= row["reuse_share"] <= 1, name
+        if row["reuse"] == "prefix" and row["same_prompt_questions"]:  # exact reuse: the same answers
+            assert row["same_prompt_equal"] == 1.0, name
+    chunks = [r for r in rows.values() if r["reuse"] == "chunks"]
+    assert [r["setting"] for r in chunks] == ["none", "first 20%"]
+    assert all(r["reuse_share"] > r["hit_rate"] for r in chunks)  # stitched chunks on top of the prefix
+    assert rows["prefix, cache order, after warm()"]["hit_rate"] > 0  # warmed placements reused
+    report = (out / "report.md").read_text()
+    assert "## Answer quality on the QA set" in report
+    for name, row in rows.items():
+        if row["questions"]:
+            assert f"| {name}" in report, name

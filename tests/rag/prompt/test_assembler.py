@@ -239,7 +239,7 @@ RANKED = [CHUNKS[3], CHUNKS[0], CHUNKS[4], CHUNKS[1]]  # doc-0:c03, doc-0:c00, d
     [
         ("relevance", ["c03", "c00", "c04", "c01"]),
         ("canonical", ["c00", "c03", "c01", "c04"]),
-        ("cache", ["c00", "c03", "c01", "c04"]),  # without a probe: canonical
+        ("cache", ["c03", "c00", "c01", "c04"]),  # without a probe: the best first, the rest canonical
     ],
 )
 def test_order_policies(tokenizer, order, expected):
@@ -266,20 +266,55 @@ class FakeCache:
         return max((lcp(ids, p) for p in self.prompts), default=0)
 
 
-def test_cache_order_follows_the_cached_prefix(tokenizer):
+def test_cache_order_keeps_the_best_chunk_first_and_lets_the_cache_order_the_rest(tokenizer):
+    """Behaviour change (issue 26): the cache no longer moves the best-ranked chunk. It stays first
+    (where this model reads a chunk best, BEST_CHUNK_AT); the cached run after it comes next."""
     earlier = PromptAssembler(tokenizer, order="relevance").assemble(
-        "old?", [CHUNKS[4], CHUNKS[1], CHUNKS[2]]
+        "old?", [CHUNKS[1], CHUNKS[4], CHUNKS[2]]
     )
     probe = FakeCache([earlier.token_ids])
     asm = PromptAssembler(tokenizer, order="cache", prefix_probe=probe)
-    # ranked differently, plus one chunk never seen: the cached run [c04, c01] comes first, then by rank
+    # ranked differently, plus one chunk never seen: the best first, then what the cache holds after it
     p = asm.assemble(QUESTION, [CHUNKS[1], CHUNKS[3], CHUNKS[4], CHUNKS[0]])
-    assert p.chunk_ids == ["c04", "c01", "c03", "c00"]
+    assert p.chunk_ids == ["c01", "c04", "c03", "c00"]
     assert p.segments[2].end <= lcp(p.token_ids, earlier.token_ids) < p.segments[3].end
-    assert probe.calls <= 4 * 5 // 2
+    assert probe.calls <= 3 * 4 // 2
+    # a cached run that starts with another chunk does not demote the best one
+    demoted = asm.assemble(QUESTION, [CHUNKS[3], CHUNKS[1], CHUNKS[4], CHUNKS[0]])
+    assert demoted.chunk_ids == ["c03", "c01", "c04", "c00"]
     # a per-call probe (e.g. another tenant's namespace, empty) overrides the assembler's
     other = asm.assemble(QUESTION, [CHUNKS[1], CHUNKS[3], CHUNKS[4], CHUNKS[0]], prefix_probe=FakeCache([]))
     assert other.chunk_ids == ["c01", "c03", "c04", "c00"]
+
+
+def test_cache_order_is_relevance_when_every_placement_is_cached_alike(tokenizer):
+    """Behaviour change (issue 26): after warming, every chunk's placement is cached; chunks of other
+    lengths are then a tie, and a tie keeps relevance order (the longest cached chunk used to win)."""
+    sized = [chunk(n, words=w) for n, w in enumerate((8, 40, 20, 60))]
+    asm = PromptAssembler(tokenizer, order="cache")
+    warm = FakeCache([asm.placement(c) for c in sized])
+    for ranked in (sized, sized[::-1], [sized[2], sized[0], sized[3], sized[1]]):
+        assert asm.assemble(QUESTION, ranked, prefix_probe=warm).chunk_ids == [c.chunk_id for c in ranked]
+
+
+@pytest.mark.parametrize(("best_at", "expected"), [("first", [0, 2, 1, 3]), ("last", [2, 1, 3, 0])])
+def test_the_best_chunk_stands_where_the_model_reads_best(tokenizer, best_at, expected):
+    """Whichever end BEST_CHUNK_AT names, the best-ranked chunk stands there and the cache orders the
+    others (here it holds a prompt that had chunk 2 then chunk 1 after the best one, or first)."""
+    from rag.prompt.order import cache_order
+
+    asm = PromptAssembler(tokenizer, order="relevance")
+    head = [CHUNKS[0]] if best_at == "first" else []
+    earlier = asm.assemble("old?", [*head, CHUNKS[2], CHUNKS[1]])
+    bodies = {i: asm._layout.encode(chunk_body(CHUNKS[i])) for i in range(4)}
+    order = cache_order(
+        list(asm.stable_ids),
+        CHUNKS[:4],
+        lambda i, pos: asm._marker(pos) + bodies[i],
+        FakeCache([earlier.token_ids]),
+        best_at,
+    )
+    assert order == expected
 
 
 def test_cache_order_without_hits_is_relevance(tokenizer):
@@ -300,9 +335,10 @@ def test_cache_probe_calls_are_bounded(tokenizer):
     chunks = [chunk(n) for n in range(6)]
     earlier = PromptAssembler(tokenizer, order="relevance").assemble("q?", chunks)
     probe = FakeCache([earlier.token_ids])
-    p = PromptAssembler(tokenizer, order="cache", prefix_probe=probe).assemble(QUESTION, chunks[::-1])
+    asm = PromptAssembler(tokenizer, order="cache", prefix_probe=probe)
+    p = asm.assemble(QUESTION, [chunks[0], *chunks[1:][::-1]])  # the cached run after the best one
     assert p.chunk_ids == [c.chunk_id for c in chunks]
-    assert probe.calls <= 6 * 7 // 2
+    assert probe.calls <= 5 * 6 // 2
 
 
 # -- budget -------------------------------------------------------------------------------------

@@ -80,11 +80,12 @@ def test_a_conversation_keeps_its_turns_and_grounds_its_last_question(asm, token
 
 
 def test_the_chat_uses_the_cache_aware_order_after_its_own_prefix(tokenizer):
+    """The best-ranked chunk first (the cache never demotes it), then what the cache holds after it."""
     messages = [*HISTORY, {"role": "user", "content": QUESTION}]
-    earlier = PromptAssembler(tokenizer, order="relevance").assemble_chat(messages, [CHUNKS[4], CHUNKS[1]])
+    earlier = PromptAssembler(tokenizer, order="relevance").assemble_chat(messages, [CHUNKS[1], CHUNKS[4]])
     asm = PromptAssembler(tokenizer, order="cache", prefix_probe=FakeCache([earlier.token_ids]))
     p = asm.assemble_chat(messages, [CHUNKS[1], CHUNKS[3], CHUNKS[4]])
-    assert p.chunk_ids == ["c04", "c01", "c03"]  # what the cache holds first, then by rank
+    assert p.chunk_ids == ["c01", "c04", "c03"]
 
 
 def test_the_chat_keeps_to_the_budget_dropping_the_lowest_ranked_chunks(tokenizer):

@@ -27,7 +27,7 @@ def test_embedding_reranker_finds_the_buried_answer(embedder, chunker):
     out = reranker.rerank("When was the Eiffel Tower completed?", hits, top_k=2)
     assert out[0].chunk_id == "c1" and len(out) == 2  # the first stage ranked it second
     assert out[0].score >= out[1].score
-    assert set(reranker._cache) == {"c0", "c1", "c2"}  # windows cached per chunk
+    assert all(c in reranker.source for c in ("c0", "c1", "c2"))  # windows kept per chunk
 
 
 def test_embedding_reranker_weight_zero_keeps_first_stage_order(embedder, chunker):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import openai
 import pytest
@@ -26,6 +28,12 @@ def _first_data(lines) -> str:
     raise AssertionError("stream ended without data")
 
 
+def _read_first_chunk(url: str) -> None:
+    with httpx.stream("POST", url, json=_stream_body(), timeout=60) as reply:
+        lines = reply.iter_lines()
+        _first_data(lines)
+
+
 @pytest.fixture(scope="module")
 def tight_engine(loaded_model):
     """One decode slot, one queue place."""
@@ -41,17 +49,20 @@ def test_full_engine_queue_is_429_with_retry_after(serve, tight_engine):
         with httpx.stream("POST", url, json=_stream_body(), timeout=60) as running:
             running_lines = running.iter_lines()
             _first_data(running_lines)
-            with httpx.stream("POST", url, json=_stream_body(), timeout=60) as waiting:
-                waiting_lines = waiting.iter_lines()
-                _first_data(waiting_lines)
-                assert wait_until(lambda: eng.stats()["waiting"] == 1 and eng.stats()["running"] == 1)
-                reply = httpx.post(url, json={"messages": STORY, "max_tokens": 4}, timeout=60)
-                err = assert_error(reply, 429, code="queue_full")
-                assert err["type"] == "rate_limit_error"
-                assert int(reply.headers["retry-after"]) >= 1
-                client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-                with pytest.raises(openai.RateLimitError):
-                    client.chat.completions.create(model=eng.model_id, messages=STORY, max_tokens=4)
+            # the queued stream's first chunk carries its first token, so it comes once the running
+            # one ends: the queued request waits in a thread of its own and leaves after that chunk
+            waiting = threading.Thread(target=_read_first_chunk, args=(url,), daemon=True)
+            waiting.start()
+            assert wait_until(lambda: eng.stats()["waiting"] == 1 and eng.stats()["running"] == 1)
+            reply = httpx.post(url, json={"messages": STORY, "max_tokens": 4}, timeout=60)
+            err = assert_error(reply, 429, code="queue_full")
+            assert err["type"] == "rate_limit_error"
+            assert int(reply.headers["retry-after"]) >= 1
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+            with pytest.raises(openai.RateLimitError):
+                client.chat.completions.create(model=eng.model_id, messages=STORY, max_tokens=4)
+        waiting.join(60)
+        assert not waiting.is_alive()
         assert wait_until(lambda: eng.stats()["running"] == 0 and eng.stats()["waiting"] == 0, timeout=30)
         ok = httpx.post(url, json={"messages": STORY, "max_tokens": 4}, timeout=60)
         assert ok.status_code == 200

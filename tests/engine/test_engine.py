@@ -7,7 +7,7 @@ import pytest
 from engine import Engine, EngineConfig, SamplingParams
 from engine.request import EngineError
 
-GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
 
 DOC = (
     "The Zorblax project started in 2019 in Lyon. Its secret code is 4417. The team has nine members, "
@@ -158,7 +158,7 @@ def assert_concurrent_equals_sequential(engine):
         "In which year did it start?",
         "Summarise the project.",
     ]
-    params = SamplingParams(max_tokens=16)
+    params = SamplingParams(max_tokens=8)  # eight requests: a full batch (max_running) decoding together
     sequential = [engine.generate(_chat(q), params, namespace="seq").text for q in questions]
     results: dict[int, str] = {}
 

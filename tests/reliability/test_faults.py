@@ -151,8 +151,11 @@ def _idle(engine: Engine) -> bool:
     return stats["running"] == 0 and stats["waiting"] == 0 and stats["cache"]["protected_bytes"] == 0
 
 
+CLIENTS = 50  # far more than the engine runs at once (8): most wait in its queue, a third leave there
+
+
 @pytest.mark.slow
-def test_hundred_clients_disconnecting_mid_stream_leave_nothing_behind(serve, engine):
+def test_fifty_clients_disconnecting_mid_stream_leave_nothing_behind(serve, engine):
     with serve(Settings(max_inflight=128), engine=engine) as srv:
         url = srv.url + "/v1/chat/completions"
         warm = httpx.post(url, json={"messages": STORY, "max_tokens": 2, "temperature": 0}, timeout=120)
@@ -184,26 +187,26 @@ def test_hundred_clients_disconnecting_mid_stream_leave_nothing_behind(serve, en
                 outcomes.append(result)
                 max_waiting[0] = max(max_waiting[0], engine.stats()["waiting"])
 
-        threads = [threading.Thread(target=client, args=(n,)) for n in range(100)]
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(CLIENTS)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=240)
         assert not any(t.is_alive() for t in threads)
         errors = [o for o in outcomes if o.startswith("error")]
-        assert len(outcomes) == 100 and not errors, errors[:5]
+        assert len(outcomes) == CLIENTS and not errors, errors[:5]
 
         assert wait_until(lambda: _idle(engine), timeout=60), engine.stats()
         after = engine.stats()
         settled = (after["cancelled"] - before["cancelled"]) + (after["finished"] - before["finished"])
-        assert settled == 100 and after["failed"] == before["failed"], after
-        assert after["cancelled"] - before["cancelled"] >= 90, after
-        assert after["completion_tokens"] - before["completion_tokens"] < 100 * 50  # cut short
+        assert settled == CLIENTS and after["failed"] == before["failed"], after
+        assert after["cancelled"] - before["cancelled"] >= 0.9 * CLIENTS, after
+        assert after["completion_tokens"] - before["completion_tokens"] < CLIENTS * 50  # cut short
         assert engine.cache.stats().protected_bytes == 0  # no locked nodes
         assert after["waiting"] == before["waiting"] == 0  # no growth in queue depth
         assert httpx.get(srv.url + "/v1/cache").json()["in_flight"] == 0
         print(
-            f"100 disconnects: {after['cancelled'] - before['cancelled']} cancelled, peak queue "
+            f"{CLIENTS} disconnects: {after['cancelled'] - before['cancelled']} cancelled, peak queue "
             f"{max_waiting[0]}, {after['completion_tokens'] - before['completion_tokens']} tokens generated"
         )
         for _ in range(3):  # and later requests are fine (and still hit the cache)
@@ -248,13 +251,15 @@ def test_failure_inside_generation_fails_only_that_request(lax_engine):
     same batch finishes with exactly the tokens it produces on its own."""
     eng = lax_engine
     bystander = _ids(20, 1)
-    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
     alone = eng.generate(bystander, params)
-    assert len(alone.token_ids) == 40
+    assert len(alone.token_ids) == 20
 
     stream_b = eng.stream(bystander, params)
     next(stream_b)
-    culprit = eng.stream(_ids(70, 2), SamplingParams(max_tokens=60, ignore_eos=True))  # overflows at 96
+    # a 90-token prompt fits (no failure in prefill) and overflows at 96, six decode steps in: while
+    # the bystander, which has 20 tokens to produce, is still decoding in the same batch
+    culprit = eng.stream(_ids(90, 2), SamplingParams(max_tokens=60, ignore_eos=True))
     with pytest.raises(EngineError, match="exceeds"):
         list(culprit)
     assert [t for ev in stream_b for t in ev.token_ids][-1] == alone.token_ids[-1]
@@ -309,8 +314,8 @@ def _workload(rng: random.Random) -> list[list[int]]:
 @pytest.mark.slow
 def test_tiny_cache_long_random_workload_matches_uncached_output(loaded_model):
     """~45 tokens of KV budget against 24 prompts of 34-46 tokens, 48 requests from 4 threads in a
-    seeded random order: the budget holds at every moment and every greedy output equals the output
-    with caching off."""
+    seeded random order: the budget holds at every moment and every greedy output (two tokens) equals
+    the output with caching off (computed for the prompts the order draws)."""
     kv_per_token = 46_080
     budget = 45 * kv_per_token
     model = (loaded_model.model, loaded_model.tokenizer)
@@ -320,10 +325,10 @@ def test_tiny_cache_long_random_workload_matches_uncached_output(loaded_model):
     plain = Engine(*model, model_id=loaded_model.model_id, config=EngineConfig(enable_prefix_cache=False))
     rng = random.Random(5)
     prompts = _workload(rng)
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    params = SamplingParams(max_tokens=2, ignore_eos=True)  # the first token, and one decoded from the KV
     try:
-        expected = [plain.generate(p, params).token_ids for p in prompts]
         order = [rng.randrange(len(prompts)) for _ in range(48)]
+        expected = {i: plain.generate(prompts[i], params).token_ids for i in sorted(set(order))}
         mismatches: list[tuple[int, list[int]]] = []
         cached: list[int] = []
         peak = [0]

@@ -94,9 +94,9 @@ def _block_files(folder: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_sigkill_during_a_burst_of_disk_writes_never_serves_a_torn_block(tmp_path):
+def test_sigkill_during_a_burst_of_disk_writes_never_serves_a_torn_block(tmp_path, serve, loaded_model):
     folder = tmp_path / "kv"
-    prompts = [_prompt(t) for t in range(10)]
+    prompts = [_prompt(t) for t in range(6)]
     server = support.ServerProcess(tmp_path, env=_env(folder, PREFIXRAG_MAX_INFLIGHT="16"))
     with server:
         sent: list[int] = []
@@ -110,7 +110,7 @@ def test_sigkill_during_a_burst_of_disk_writes_never_serves_a_torn_block(tmp_pat
                     except httpx.TransportError:
                         return  # killed
 
-        threads = [threading.Thread(target=client, args=(list(range(n, 10, 3)),)) for n in range(3)]
+        threads = [threading.Thread(target=client, args=(list(range(n, len(prompts), 3)),)) for n in range(3)]
         for t in threads:
             t.start()
         with httpx.Client(base_url=server.url, timeout=10) as http:
@@ -122,24 +122,28 @@ def test_sigkill_during_a_burst_of_disk_writes_never_serves_a_torn_block(tmp_pat
     torn = list(folder.rglob(f"{TEMP_PREFIX}*"))  # blocks the kill cut short: never renamed into place
     assert on_disk, "nothing was written before the kill"
 
-    restarted = support.ServerProcess(tmp_path, env=_env(folder))
-    with restarted, httpx.Client(base_url=restarted.url, timeout=120) as http:
+    # the restart: a fresh engine (empty RAM) on the folder, served in-process on the session's model
+    eng = make_engine(loaded_model, disk_cache_dir=folder, disk_cache_bytes=1 << 30, cache_bytes=256 << 20)
+    try:
         assert not [p for p in folder.rglob(f"{TEMP_PREFIX}*")]  # the killed writer's leftovers are gone
-        hits = 0
-        for prompt in prompts:
-            text, cached, _ = _complete(http, prompt)
-            assert text == _cold(http, prompt), prompt[:20]
-            hits += cached >= 64
-        disk = _disk(http)
-        print(
-            f"killed after {len(sent)} requests sent, with {len(on_disk)} block files and {len(torn)} temp "
-            f"files on disk; restart: {hits}/{len(prompts)} prompts reused disk blocks, disk stats {disk}"
-        )
-        # every prompt starts "Ledger ": another may reuse those few tokens through the link at the root
-        assert hits >= 1 and disk["hit_requests"] >= hits and disk["hit_tokens"] >= 64
-        assert disk["rejected"] == 0  # no torn or damaged block was found, let alone served
-        assert wait_until(lambda: _settled(http), timeout=60)
-        assert _disk(http)["written_blocks"] >= 1  # and the tier keeps writing
+        with serve(Settings(), engine=eng) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
+            hits = 0
+            for prompt in prompts:
+                text, cached, _ = _complete(http, prompt)
+                assert text == _cold(http, prompt), prompt[:20]
+                hits += cached >= 64
+            disk = _disk(http)
+            print(
+                f"killed after {len(sent)} requests sent, with {len(on_disk)} block files and {len(torn)} "
+                f"temp files on disk; restart: {hits}/{len(prompts)} prompts reused disk blocks, disk stats {disk}"
+            )
+            # every prompt starts "Ledger ": another may reuse those few tokens through the link at the root
+            assert hits >= 1 and disk["hit_requests"] >= hits and disk["hit_tokens"] >= 64
+            assert disk["rejected"] == 0  # no torn or damaged block was found, let alone served
+            assert wait_until(lambda: _settled(http), timeout=60)
+            assert _disk(http)["written_blocks"] >= 1  # and the tier keeps writing
+    finally:
+        eng.close()
     # each prompt, plain and cold-salted: three whole blocks and the partial one after them
     assert len(_block_files(folder)) == 2 * 4 * len(prompts)
 
@@ -147,14 +151,17 @@ def test_sigkill_during_a_burst_of_disk_writes_never_serves_a_torn_block(tmp_pat
 # ---- damaged, foreign and unwritable files ---------------------------------------------------------
 
 
+def _keyed_env(folder: Path) -> dict[str, str]:
+    return {**_env(folder, PREFIXRAG_API_KEYS=json.dumps(KEYS)), "PREFIXRAG_ADMIN_KEY": ADMIN}
+
+
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory):
-    """One server with tenant keys, an admin key (to empty the RAM tier) and a disk tier."""
+    """One server with tenant keys, an admin key (to empty the RAM tier) and a disk tier; the last test
+    starts a second server on its folder."""
     workdir = tmp_path_factory.mktemp("kv-server")
     folder = workdir / "kv"
-    env = _env(folder, PREFIXRAG_API_KEYS=json.dumps(KEYS))
-    env["PREFIXRAG_ADMIN_KEY"] = ADMIN
-    server = support.ServerProcess(workdir, env=env).start()
+    server = support.ServerProcess(workdir, env=_keyed_env(folder)).start()
     yield server, folder
     server.stop()
 
@@ -299,21 +306,17 @@ def test_a_full_disk_is_a_log_line_never_an_error(serve, loaded_model, small_tmp
 
 
 @pytest.mark.slow
-def test_two_servers_sharing_a_folder_under_concurrent_load(tmp_path):
-    folder = tmp_path / "kv"
-    servers = [
-        support.ServerProcess(tmp_path, env=_env(folder), index=tmp_path / f"index-{n}") for n in range(2)
-    ]
-    starters = [threading.Thread(target=s.start) for s in servers]
-    for t in starters:
-        t.start()
-    for t in starters:
-        t.join(300)
+def test_two_servers_sharing_a_folder_under_concurrent_load(keyed_server):
+    """The module's keyed server and a second one started on its folder, with the same keys."""
+    first, folder = keyed_server
+    second = support.ServerProcess(first.workdir, env=_keyed_env(folder), index=first.workdir / "index-2")
+    servers = [first, second.start()]
     try:
         stems = [_prompt(500 + s, words=0) for s in range(2)]
-        prompts = [f"{stem} Question {q}: which dock?" for stem in stems for q in range(3)]
+        prompts = [f"{stem} Question {q}: which dock?" for stem in stems for q in range(2)]
         clients = [httpx.Client(base_url=s.url, timeout=120) for s in servers]
-        expected = {p: _cold(clients[0], p) for p in prompts}
+        rejected_before = [_disk(http, ALICE)["rejected"] for http in clients]  # earlier tests damaged some
+        expected = {p: _cold(clients[0], p, ALICE) for p in prompts}
         rng = random.Random(3)
         jobs = [(rng.randrange(2), p) for p in prompts * 2]
         rng.shuffle(jobs)
@@ -322,7 +325,7 @@ def test_two_servers_sharing_a_folder_under_concurrent_load(tmp_path):
         def worker(part: list[tuple[int, str]]) -> None:
             mine = [httpx.Client(base_url=s.url, timeout=120) for s in servers]
             for which, prompt in part:
-                text, _, _ = _complete(mine[which], prompt)
+                text, _, _ = _complete(mine[which], prompt, key=ALICE)
                 outcomes.append((prompt, text, expected[prompt]))
             for http in mine:
                 http.close()
@@ -337,14 +340,13 @@ def test_two_servers_sharing_a_folder_under_concurrent_load(tmp_path):
 
         # a prefix one server wrote is read by the other, which never computed it
         fresh = _prompt(600)
-        reference = _cold(clients[1], fresh)
-        _complete(clients[0], fresh)
-        assert wait_until(lambda: _settled(clients[0]), timeout=60)
-        text, cached, n = _complete(clients[1], fresh)
+        reference = _cold(clients[1], fresh, ALICE)
+        _complete(clients[0], fresh, key=ALICE)
+        assert wait_until(lambda: _settled(clients[0], ALICE), timeout=60)
+        text, cached, n = _complete(clients[1], fresh, key=ALICE)
         assert cached == n - 1 and text == reference
-        for http in clients:
-            assert _disk(http)["rejected"] == 0
+        for http, before in zip(clients, rejected_before):
+            assert _disk(http, ALICE)["rejected"] == before
             http.close()
     finally:
-        for s in servers:
-            s.stop()
+        second.stop()

@@ -52,14 +52,42 @@ def _write(loaded, folder: Path, prompt, namespace: str = "", **config) -> dict:
         eng.close()
 
 
+@pytest.fixture(scope="module")
+def expected(reference, prompt) -> list[int]:
+    """The greedy answer to ``prompt`` with caching off."""
+    return reference.generate(prompt, GREEDY).token_ids
+
+
+@pytest.fixture(scope="module")
+def written(loaded_model, prompt, tmp_path_factory) -> tuple[Path, dict]:
+    """A folder an engine (default config) wrote ``prompt``'s blocks to, and its disk stats after the
+    flush; a test copies the folder (``_copy``) and changes only its copy."""
+    folder = tmp_path_factory.mktemp("written")
+    return folder, _write(loaded_model, folder, prompt)
+
+
+@pytest.fixture(scope="module")
+def foreign_block(loaded_model, prompt, tmp_path_factory) -> Path:
+    """A block file another model (another id) wrote for ``prompt``."""
+    folder = tmp_path_factory.mktemp("theirs")
+    _write(loaded_model, folder, prompt, model_id="another-model")
+    return block_files(folder)[0]
+
+
+def _copy(written: tuple[Path, dict], to: Path) -> dict:
+    """The written folder's files (their modification times too) into ``to``; the writer's disk stats."""
+    shutil.copytree(written[0], to, dirs_exist_ok=True)
+    return written[1]
+
+
 def _files(folder: Path) -> list[Path]:
     return sorted(folder.rglob("*.kvb"))
 
 
 def test_a_restarted_engine_reads_the_disk_tier_and_promotes_it_to_ram(
-    loaded_model, reference, prompt, tmp_path
+    loaded_model, written, expected, prompt, tmp_path
 ):
-    written = _write(loaded_model, tmp_path, prompt)
+    written = _copy(written, tmp_path)
     # 200 tokens: 3 whole blocks (each with a link at its first token) and the 8 after them; the answer's
     # insert rewrote that partial block longer
     assert written["written_blocks"] == 5 and len(block_files(tmp_path)) == 4
@@ -67,7 +95,6 @@ def test_a_restarted_engine_reads_the_disk_tier_and_promotes_it_to_ram(
     assert written["used_bytes"] == sum(
         p.stat().st_size for p in _files(tmp_path)
     )  # the rewrite counted once
-    expected = reference.generate(prompt, GREEDY).token_ids
     eng = _engine(loaded_model, tmp_path)  # a restart: empty RAM cache, same folder
     try:
         first = eng.generate(prompt, GREEDY)
@@ -117,8 +144,8 @@ def test_the_writer_yields_the_cpu_to_the_model(loaded_model, tmp_path):
         eng.close()
 
 
-def test_at_least_one_prompt_token_is_computed(loaded_model, prompt, tmp_path):
-    _write(loaded_model, tmp_path, prompt)
+def test_at_least_one_prompt_token_is_computed(loaded_model, written, prompt, tmp_path):
+    _copy(written, tmp_path)
     eng = _engine(loaded_model, tmp_path)
     try:
         r = eng.generate(prompt[:128], GREEDY)  # blocks 0 and 1 are on disk; the cap is 127 tokens
@@ -143,20 +170,18 @@ def _damage(path: Path, how: str, foreign: Path | None = None) -> None:
 
 @pytest.mark.parametrize("how", ["flipped byte", "truncated", "garbage", "another model's file"])
 def test_a_damaged_or_foreign_block_is_a_miss_logged_and_deleted(
-    loaded_model, reference, prompt, tmp_path, caplog, how
+    loaded_model, written, foreign_block, expected, prompt, tmp_path, caplog, how
 ):
-    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
-    _write(loaded_model, ours, prompt)
-    _write(loaded_model, theirs, prompt, model_id="another-model")
-    eng = _engine(loaded_model, ours)
+    _copy(written, tmp_path)
+    eng = _engine(loaded_model, tmp_path)
     try:
         keys = _chain_keys(eng, prompt)
         victim = eng.disk.folder.path(keys[1])  # the middle block: block 0 still loads
-        _damage(victim, how, foreign=block_files(theirs)[0])
+        _damage(victim, how, foreign=foreign_block)
         with caplog.at_level(logging.WARNING, logger="engine.tiers.disk"):
             r = eng.generate(prompt, GREEDY)
         assert r.cached_tokens == BLOCK_TOKENS  # block 0 only; nothing after the bad block is used
-        assert r.token_ids == reference.generate(prompt, GREEDY).token_ids
+        assert r.token_ids == expected
         assert eng.stats()["disk"]["rejected"] == 1
         assert any("rejected" in rec.message and keys[1] in rec.message for rec in caplog.records)
         eng.disk.flush(60)  # deleted, then the request's insert rewrote it from RAM: the tier heals
@@ -231,13 +256,13 @@ def test_the_budget_holds_and_keeps_prefix_heads(loaded_model, reference, prompt
         plain.close()
 
 
-def test_a_full_disk_is_a_skipped_write_not_an_error(loaded_model, reference, prompt, small_tmpfs, caplog):
+def test_a_full_disk_is_a_skipped_write_not_an_error(loaded_model, expected, prompt, small_tmpfs, caplog):
     eng = _engine(loaded_model, small_tmpfs)  # 64 KiB: no float32 block (2.9 MB) fits
     try:
         with caplog.at_level(logging.WARNING, logger="engine.tiers.disk"):
             r = eng.generate(prompt, GREEDY)
             assert eng.disk.flush(60)
-        assert r.token_ids == reference.generate(prompt, GREEDY).token_ids
+        assert r.token_ids == expected
         assert eng.stats()["disk"]["write_errors"] >= 1
         assert any("cannot write" in rec.message for rec in caplog.records)
         assert eng.generate(prompt, GREEDY).cached_tokens == len(prompt) - 1  # RAM still serves
@@ -267,8 +292,9 @@ def test_engines_sharing_a_folder_write_and_read_concurrently(loaded_model, refe
             assert eng.disk is not None and eng.disk.flush(60)
         assert len(block_files(tmp_path)) == 8  # per prompt: 3 whole blocks and the partial one
         assert len(link_files(tmp_path)) == 6  # and a link at each whole block's first token
+        want = [reference.generate(p, GREEDY).token_ids for p in prompts[:2]]  # prompts[2:] repeat them
         for i in range(4):
-            assert results[i] == reference.generate(prompts[i], GREEDY).token_ids
+            assert results[i] == want[i % 2]
     finally:
         for eng in engines:
             eng.close()

@@ -63,7 +63,7 @@ def test_real_engine_hits_equal_the_simulation(loaded_model, eviction, capacity_
         None, model_id=loaded_model.model_id, max_context=8192, config=config, bytes_per_token=bpt
     )
     try:
-        for ids, tenant in _stream(seed=len(eviction), n=40):
+        for ids, tenant in _stream(seed=len(eviction), n=20):
             assert engine.cached_prefix_length(ids, tenant) == sim.cached_prefix_length(ids, tenant)
             real = engine.generate(ids, SamplingParams(max_tokens=1), namespace=tenant)
             assert real.cached_tokens == sim.serve(ids, tenant)

@@ -94,7 +94,7 @@ def _block_files(folder: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_sigkill_during_a_burst_of_disk_writes_never_serves_a_torn_block(tmp_path, serve, loaded_model):
+def test_sigkill_during_a_burst_of_disk_writes_never_serves_a_torn_block(tmp_path):
     folder = tmp_path / "kv"
     prompts = [_prompt(t) for t in range(6)]
     server = support.ServerProcess(tmp_path, env=_env(folder, PREFIXRAG_MAX_INFLIGHT="16"))
@@ -122,28 +122,24 @@ def test_sigkill_during_a_burst_of_disk_writes_never_serves_a_torn_block(tmp_pat
     torn = list(folder.rglob(f"{TEMP_PREFIX}*"))  # blocks the kill cut short: never renamed into place
     assert on_disk, "nothing was written before the kill"
 
-    # the restart: a fresh engine (empty RAM) on the folder, served in-process on the session's model
-    eng = make_engine(loaded_model, disk_cache_dir=folder, disk_cache_bytes=1 << 30, cache_bytes=256 << 20)
-    try:
+    restarted = support.ServerProcess(tmp_path, env=_env(folder))
+    with restarted, httpx.Client(base_url=restarted.url, timeout=120) as http:
         assert not [p for p in folder.rglob(f"{TEMP_PREFIX}*")]  # the killed writer's leftovers are gone
-        with serve(Settings(), engine=eng) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
-            hits = 0
-            for prompt in prompts:
-                text, cached, _ = _complete(http, prompt)
-                assert text == _cold(http, prompt), prompt[:20]
-                hits += cached >= 64
-            disk = _disk(http)
-            print(
-                f"killed after {len(sent)} requests sent, with {len(on_disk)} block files and {len(torn)} "
-                f"temp files on disk; restart: {hits}/{len(prompts)} prompts reused disk blocks, disk stats {disk}"
-            )
-            # every prompt starts "Ledger ": another may reuse those few tokens through the link at the root
-            assert hits >= 1 and disk["hit_requests"] >= hits and disk["hit_tokens"] >= 64
-            assert disk["rejected"] == 0  # no torn or damaged block was found, let alone served
-            assert wait_until(lambda: _settled(http), timeout=60)
-            assert _disk(http)["written_blocks"] >= 1  # and the tier keeps writing
-    finally:
-        eng.close()
+        hits = 0
+        for prompt in prompts:
+            text, cached, _ = _complete(http, prompt)
+            assert text == _cold(http, prompt), prompt[:20]
+            hits += cached >= 64
+        disk = _disk(http)
+        print(
+            f"killed after {len(sent)} requests sent, with {len(on_disk)} block files and {len(torn)} temp "
+            f"files on disk; restart: {hits}/{len(prompts)} prompts reused disk blocks, disk stats {disk}"
+        )
+        # every prompt starts "Ledger ": another may reuse those few tokens through the link at the root
+        assert hits >= 1 and disk["hit_requests"] >= hits and disk["hit_tokens"] >= 64
+        assert disk["rejected"] == 0  # no torn or damaged block was found, let alone served
+        assert wait_until(lambda: _settled(http), timeout=60)
+        assert _disk(http)["written_blocks"] >= 1  # and the tier keeps writing
     # each prompt, plain and cold-salted: three whole blocks and the partial one after them
     assert len(_block_files(folder)) == 2 * 4 * len(prompts)
 

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from engine.models import DEFAULT_MODEL
+from rag.benchmark.child_server import ChildServer
 from rag.benchmark.vllm_peer import free_port
 
 TIMEOUT = httpx.Timeout(600.0, connect=10.0)
@@ -108,7 +109,7 @@ def client_figures(
     }
 
 
-class PrefixragServer:
+class PrefixragServer(ChildServer):
     """``prefixrag serve`` in a subprocess on 127.0.0.1 (no index, no disk tier), stopped on exit.
 
     ``engine``: ``PREFIXRAG_ENGINE__*`` settings, e.g. ``{"dtype": "float32", "weights": "int8"}``.
@@ -118,8 +119,7 @@ class PrefixragServer:
         self.engine = dict(engine or {})
         self.port = free_port()
         self.model = DEFAULT_MODEL
-        self.log_path = (log_dir or Path("/tmp")) / f"prefixrag-serve-{self.port}.log"
-        self.process: subprocess.Popen[bytes] | None = None
+        super().__init__((log_dir or Path("/tmp")) / f"prefixrag-serve-{self.port}.log")
 
     @property
     def base_url(self) -> str:
@@ -156,25 +156,3 @@ class PrefixragServer:
 
     def info(self) -> dict[str, Any]:
         return dict(httpx.get(f"http://127.0.0.1:{self.port}/server_info", timeout=10.0).json())
-
-    def log_tail(self, lines: int = 8) -> str:
-        try:
-            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=30)
-
-    def __enter__(self) -> PrefixragServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

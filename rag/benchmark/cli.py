@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from rag.benchmark.config import BenchConfig
+from rag.benchmark.config import FULL_RUN, BenchConfig
 
 
 def parse_skews(text: str) -> tuple[float, ...]:
@@ -26,6 +26,23 @@ def parse_skews(text: str) -> tuple[float, ...]:
     if not values or any(v < 0 for v in values):
         raise typer.BadParameter(f"--skews needs at least one skew >= 0, got {text!r}")
     return values
+
+
+def bench_config(quick: bool, options: dict[str, Any]) -> BenchConfig:
+    """The run's config from the command's options (None: the mode's default); ValueError if invalid.
+
+    >>> bench_config(False, {"full": True, "quality_questions": 30}).quality_budgets
+    (0.1, 0.2, 0.3)
+    """
+    special = ("samples", "skews", "full")
+    overrides = {k: v for k, v in options.items() if v is not None and k not in special}
+    if options.get("full"):
+        overrides = {**FULL_RUN, **overrides}  # a flag given beside it still wins
+    if options.get("samples") is not None:
+        overrides["baseline_samples"] = options["samples"]
+    if options.get("skews") is not None:
+        overrides["skews"] = parse_skews(options["skews"])
+    return BenchConfig.quick_run(**overrides) if quick else BenchConfig(**overrides)
 
 
 def bench_command(
@@ -44,13 +61,8 @@ def bench_command(
         console.print(f"report: {out / 'report.md'} (redrawn from {out / 'results.json'})")
         return
 
-    overrides = {k: v for k, v in options.items() if v is not None and k not in ("samples", "skews")}
-    if options.get("samples") is not None:
-        overrides["baseline_samples"] = options["samples"]
-    if options.get("skews") is not None:
-        overrides["skews"] = parse_skews(options["skews"])
     try:
-        config = BenchConfig.quick_run(**overrides) if quick else BenchConfig(**overrides)
+        config = bench_config(quick, options)
     except ValueError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc

@@ -5,8 +5,9 @@
 * prefix mode (exact) under each chunk order: the default ``cache`` order after ``Pipeline.warm()``
   (every chunk placement cached, as after ``prefixrag ingest --warm``), and each order on a cold
   cache, where only the stream itself fills it;
-* chunks mode after warming, at each recompute strategy and budget (equal budgets side by side: every
-  strategy at the default budget on every question, the other budgets on the matrix slice);
+* chunks mode after warming, at each recompute strategy and budget (equal budgets side by side): the
+  engine's default setting on every question, the others on the matrix slice (``quality_every_strategy``,
+  part of ``--full``: every strategy at the default budget on every question);
 * float32 / bfloat16 / int8 weights and each KV storage format, as full prefill;
 * full prefill with the embedding reranker in the corpus questions' retrieval.
 
@@ -74,6 +75,10 @@ def chunk_settings(budgets: tuple[float, ...], strategies: tuple[str, ...] = STR
     return out
 
 
+def _at_default_budget(s: ChunkReuse) -> bool:
+    return s.strategy not in SHARED_STRATEGIES or s.share == DEFAULT_SHARE
+
+
 def quality_settings(config: BenchConfig) -> list[QualitySetting]:
     """Every row, the reference first."""
     rows = [
@@ -91,7 +96,7 @@ def quality_settings(config: BenchConfig) -> list[QualitySetting]:
         )
         for order in ORDERS
     ]
-    rows += [  # every strategy at the default budget on every question, the other budgets on the slice
+    rows += [  # the engine's default on every question (--full: every strategy at its budget), the rest on the slice
         QualitySetting(
             f"chunks, {s.label}",
             "chunks",
@@ -99,7 +104,7 @@ def quality_settings(config: BenchConfig) -> list[QualitySetting]:
             CHUNKS_MODE_ORDER,
             s,
             WARM_NAMESPACE,
-            matrix=s.strategy in SHARED_STRATEGIES and s.share != DEFAULT_SHARE,
+            matrix=s != ChunkReuse() and not (config.quality_every_strategy and _at_default_budget(s)),
         )
         for s in chunk_settings(config.quality_budgets, config.quality_strategies)
     ]

@@ -9,8 +9,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from rag.benchmark.cli import parse_skews
-from rag.benchmark.config import BenchConfig
+from rag.benchmark.cli import bench_config, parse_skews
+from rag.benchmark.config import FULL_RUN, BenchConfig
 from rag.cli import app
 
 DOCTESTED = [
@@ -52,6 +52,18 @@ def test_quick_is_smaller_than_the_default():
     assert quick.quick and not full.quick
     assert quick.requests < full.requests and len(quick.measured) < len(full.measured)
     assert BenchConfig.quick_run(requests=10).requests == 10
+
+
+def test_full_widens_the_quality_comparison_and_other_flags_still_win():
+    default = bench_config(False, {})
+    wide = bench_config(False, {"full": True, "quality_questions": 30, "requests": 10})
+    assert wide.quality_questions == 30 and wide.requests == 10
+    assert wide.quality_matrix_questions == FULL_RUN["quality_matrix_questions"]
+    assert wide.quality_budgets == wide.chunks_budgets == (0.1, 0.2, 0.3)
+    assert default.quality_questions < FULL_RUN["quality_questions"]
+    assert len(default.quality_budgets) == len(default.chunks_budgets) == 1
+    assert wide.quality_every_strategy and not default.quality_every_strategy
+    assert set(FULL_RUN) <= set(BenchConfig.model_fields)
 
 
 @pytest.mark.parametrize(

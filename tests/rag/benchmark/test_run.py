@@ -51,11 +51,11 @@ TINY = BenchConfig.quick_run(
     fidelity_prompts=2,
     fidelity_answer_tokens=4,
     fidelity_corpus_tokens=64,
-    chunks_requests=3,
+    chunks_requests=2,
     chunks_fidelity_prompts=1,
     chunks_answer_tokens=4,
     chunks_kl_positions=2,
-    quality_questions=3,
+    quality_questions=2,
     quality_matrix_questions=1,
     quality_answer_tokens=6,
     quality_kl_positions=2,
@@ -335,14 +335,17 @@ def test_quality_section_scores_every_setting_against_full_prefill(run):
     section = results["quality_section"]
     rows = section["settings"]
     ref = rows["full prefill"]
-    assert ref["questions"] == section["questions"] == 3 and section["matrix_questions"] == 1
+    assert (
+        ref["questions"] == section["questions"] == TINY.quality_questions
+        and section["matrix_questions"] == 1
+    )
     assert ref["agreement"] == ref["exact"] == 1.0 and ref["kl_mean"] == 0.0
     assert {"order", "chunks", "weights", "kv", "retrieval"} <= {r["group"] for r in rows.values()}
     for name, row in rows.items():
         if row["group"] == "retrieval":  # corpus questions of the slice only
             assert row["questions"] <= 1
             continue
-        assert row["questions"] == (1 if row["matrix"] else 3), name
+        assert row["questions"] == (1 if row["matrix"] else TINY.quality_questions), name
         lo, hi = row["accuracy_ci"]
         assert 0 <= lo <= row["accuracy"] <= hi <= 1 and row["ttft_s_mean"] > 0, name
         assert row["kl_mean"] >= -1e-6 and 0 <= row["hit_rate"] <= row["reuse_share"] <= 1, name

@@ -531,7 +531,7 @@ def bench(
         Path("bench-results"), "--out", help="directory for report.md, plots, json, csv"
     ),
     requests: int = typer.Option(
-        None, "--requests", min=2, help="requests in the stream (default 40; quick 8)"
+        None, "--requests", min=2, help="requests in the stream (default 40; quick 6)"
     ),
     skew: float = typer.Option(None, "--skew", min=0.0, help="Zipf skew of topic popularity (default 1.0)"),
     skews: str = typer.Option(
@@ -567,7 +567,7 @@ def bench(
         None,
         "--quality-questions",
         min=1,
-        help="QA questions the quality section asks (default 12; quick 3; the set holds 207)",
+        help="QA questions the quality section asks (default 12; quick 2; the set holds 207)",
     ),
     full: bool = typer.Option(
         False,

@@ -204,16 +204,18 @@ class BenchConfig(BaseModel):
 
     @classmethod
     def quick_run(cls, **overrides: Any) -> BenchConfig:
-        """Fewer requests, one engine configuration measured for real, small sections on 1k-token prompts."""
+        """Fewer requests with two chunks each, one engine configuration measured for real, small sections
+        on 600-token prompts."""
         settings: dict[str, Any] = {
-            "requests": 8,
+            "requests": 6,
+            "top_k": 2,  # shorter stream prompts
             "measured": (("cache", 1.0, "lru"),),
             "baseline_samples": 2,
             "transformers_samples": 1,
             "tpot_prompts": 0,
             "engine_repeats": 2,
             "engine_decode_tokens": 12,
-            "engine_context_tokens": 1000,
+            "engine_context_tokens": 600,
             "engine_batch_sizes": (1, 4),
             "engine_decode_repeats": 1,
             "engine_bfloat16": False,
@@ -221,15 +223,16 @@ class BenchConfig(BaseModel):
             "weights_repeats": 1,
             "weights_answer_tokens": 16,
             "fidelity_answer_tokens": 16,
-            "fidelity_prompts": 2,
-            "fidelity_corpus_tokens": 256,
+            "fidelity_prompts": 1,
+            "fidelity_corpus_tokens": 128,
             "radix_requests": 300,
             "kv_repeats": 1,
             "kv_disk_dtypes": ("int8",),
             "kv_fidelity_prompts": 1,
             "kv_fidelity_tokens": 8,
-            "kv_break_even_lengths": (64, 256),
+            "kv_break_even_lengths": (64, 128),
             "kv_zero_hit_requests": 2,
+            "kv_remote": False,  # the full run measures it; TINY in tests/rag/benchmark/test_run.py too
             "retrieval_section": False,
             "exactness_all_paths": False,
             "exactness_repeats": 1,
@@ -243,7 +246,7 @@ class BenchConfig(BaseModel):
             "chunks_fidelity_prompts": 1,
             "chunks_answer_tokens": 8,
             "chunks_kl_positions": 4,
-            "quality_questions": 3,
+            "quality_questions": 2,
             "quality_matrix_questions": 0,
             "quality_kl_positions": 4,
             "quality_budgets": (0.2,),

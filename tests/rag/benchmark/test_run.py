@@ -46,6 +46,7 @@ TINY = BenchConfig.quick_run(
     kv_fidelity_tokens=3,
     kv_break_even_lengths=(64, 128),
     kv_zero_hit_requests=2,
+    kv_remote=True,
     weights_repeats=1,
     weights_answer_tokens=4,
     fidelity_prompts=2,

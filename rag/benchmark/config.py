@@ -11,9 +11,9 @@ from rag.benchmark.sweep import CAPACITIES, EVICTIONS, ORDERS, SweepPoint
 from rag.benchmark.workload import WorkloadSpec
 
 MeasuredSpec = tuple[str, float, str]  # (chunk order, capacity share, eviction)
-# `--full`: what the default run leaves out to stay within 30 minutes on 2 cores (the committed report is
-# one): the answer-quality comparison on twice the questions with every recompute strategy on each at three
-# budgets, and more rounds and prompts in the timed sections
+# `--full`: what the default run leaves out to stay within 30 minutes on 2 cores: the answer-quality
+# comparison on twice the questions with every recompute strategy on each at three budgets, and more
+# rounds and prompts in the timed sections
 FULL_RUN: dict[str, Any] = {
     "requests": 48,
     "engine_repeats": 5,

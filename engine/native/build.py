@@ -1,0 +1,108 @@
+"""The native decode kernels, compiled once per machine with its own C++ compiler and kept.
+
+``engine/native/decode_step.cpp`` is compiled by torch's extension builder (g++ and ninja) into
+``engine/native/compiled/<key>/`` beside the source (``$PREFIXRAG_HOME/native/<key>/`` where the
+package folder is read-only), the key naming the source's hash and the torch version, so a changed
+source or another torch builds anew and every later process, whatever its ``$PREFIXRAG_HOME``,
+imports the library in well under a second. A file lock makes concurrent first uses (a server's replicas, test workers) build
+once. ``make setup`` builds it (:func:`main`); a machine without a compiler
+gets a clear reason (engine.native.decode falls back to the Python layer loop and says why).
+
+Example:
+    >>> module = native_module()   # doctest: +SKIP
+    >>> module.DecodeModel         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from engine.paths import prefixrag_home
+
+SOURCE = Path(__file__).with_name("decode_step.cpp")
+CFLAGS = ["-O3", "-fno-math-errno"]
+
+
+class NativeBuildError(RuntimeError):
+    """The native kernels could not be compiled or loaded here (the message says why)."""
+
+
+def build_key() -> str:
+    """What the compiled library depends on: the source and the torch it links against."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:12]
+    return f"{digest}-torch{torch.__version__.replace('+', '_')}"
+
+
+def module_name() -> str:
+    return "prefixrag_decode_" + build_key().split("-")[0]
+
+
+@functools.cache
+def native_module() -> ModuleType:
+    """The compiled extension, built on first use on this machine (raises NativeBuildError)."""
+    folders = [SOURCE.parent / "compiled" / build_key(), prefixrag_home() / "native" / build_key()]
+    for folder in folders:
+        if (folder / f"{module_name()}.so").exists():
+            return _import(folder / f"{module_name()}.so")
+    folder = folders[0] if os.access(SOURCE.parent, os.W_OK) else folders[1]
+    _build(folder)
+    return _import(folder / f"{module_name()}.so")
+
+
+def _build(folder: Path) -> None:
+    missing = [tool for tool in ("g++", "ninja") if shutil.which(tool) is None]
+    if missing:
+        raise NativeBuildError(f"cannot compile the native decode step: {', '.join(missing)} not found")
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the others find the library when it is done
+        if (folder / f"{module_name()}.so").exists():
+            return
+        from torch.utils.cpp_extension import load
+
+        try:
+            load(
+                module_name(),
+                [str(SOURCE)],
+                extra_cflags=CFLAGS,
+                build_directory=str(folder),
+                verbose=False,
+            )
+        except (RuntimeError, OSError) as exc:
+            raise NativeBuildError(f"compiling {SOURCE.name} failed: {exc}") from exc
+
+
+def _import(library: Path) -> ModuleType:
+    name = module_name()
+    if name in sys.modules:
+        return sys.modules[name]
+    loader = importlib.machinery.ExtensionFileLoader(name, str(library))
+    spec = importlib.util.spec_from_file_location(name, library, loader=loader)
+    if spec is None:
+        raise NativeBuildError(f"cannot load {library}")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        loader.exec_module(module)
+    except ImportError as exc:
+        raise NativeBuildError(f"loading {library} failed: {exc}") from exc
+    sys.modules[name] = module
+    return module
+
+
+def main() -> None:
+    """``make setup``: build now, so the first engine does not wait for g++ (a failure is a line)."""
+    try:
+        print(f"native decode step: {native_module().__file__}")
+    except NativeBuildError as exc:
+        print(f"native decode step not built (decode runs the layer loop): {exc}", file=sys.stderr)

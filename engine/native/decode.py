@@ -1,0 +1,114 @@
+"""A decode step in one native call: every layer of a bfloat16 Llama-family model for B new tokens.
+
+The Python layer loop (engine/fused.py) runs about a hundred torch operations per layer, so a
+decode token of the bundled 30-layer model pays some three thousand calls, and oneDNN's bfloat16
+kernels for one to four rows stream weights at about half the machine's read bandwidth. The native
+step (``decode_step.cpp``, compiled once per machine: engine.native.build) runs the same layers in
+one call: AVX512-BF16 dot products over the weights as they are stored, RMSNorm, RoPE, SiLU and the
+residual adds fused around them, attention per head over the KV buffer in place. It rounds to
+bfloat16 wherever the Python loop does; its sums run in another order, so its results are close to
+the Python loop's, not equal (tests/engine/native/test_decode.py bounds the difference and checks
+greedy answers). What it guarantees beyond that: a row's result depends on its own token and KV
+alone, never on its batch mates or the thread count.
+
+It runs where the CPU has AVX512-BF16, the compute dtype is bfloat16, the weights are float, the KV
+format stores the compute dtype and decode is not ``batch_invariant`` (which runs a prefill's
+shapes instead); elsewhere :func:`unavailable_reason` says why and the Python loop runs.
+
+Example:
+    >>> step = NativeDecode.of(runner, layers)          # doctest: +SKIP
+    >>> logits = step(x, cos, sin, buffers, pasts)      # [B, vocab] float32
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from engine.isa import cpu_flags
+from engine.kv.state import KVBuffer
+from engine.llama_weights import LlamaLayer
+from engine.native.build import NativeBuildError, native_module
+
+NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")
+NARROW_CAPABILITIES = ("default", "avx2")  # ATEN_CPU_CAPABILITY values that emulate a CPU without AVX-512
+
+
+def unavailable_reason(dtype: torch.dtype, float_weights: bool, kv_identity: bool) -> str | None:
+    """Why the native step cannot run for these settings on this machine (None: it can)."""
+    if dtype != torch.bfloat16:
+        return f"the compute dtype is {str(dtype).removeprefix('torch.')} (the native step is bfloat16)"
+    if not float_weights:
+        return "int8 weights run engine.quant's kernels"
+    if not kv_identity:
+        return "the KV format rounds keys and values (the native step stores the compute dtype)"
+    missing = [flag for flag in NEEDED_FLAGS if flag not in cpu_flags()]
+    if missing:
+        return f"the CPU lacks {', '.join(missing)}"
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "")
+    if capability in NARROW_CAPABILITIES:
+        return f"ATEN_CPU_CAPABILITY={capability} narrows this process to a CPU without AVX-512"
+    return None
+
+
+class NativeDecode:
+    """The native decode step over one model's weights (plain bfloat16 tensors, held, not copied)."""
+
+    def __init__(self, model: Any, held: list[torch.Tensor]) -> None:
+        self._model = model
+        self.held = held  # what the native object references: weight_bytes counts it
+
+    @classmethod
+    def of(
+        cls,
+        layers: Sequence[LlamaLayer],
+        final_norm: torch.Tensor,
+        lm_head: object,
+        geometry: tuple[int, int, int],
+        eps: float,
+        scale: float,
+    ) -> NativeDecode:
+        """Build over ``layers`` (plain tensors, before any packing); raises NativeBuildError."""
+        empty = torch.empty(0, dtype=torch.bfloat16)
+        tensors = []
+        for layer in layers:
+            row = [layer.in_norm, layer.post_norm, layer.wqkv, layer.bqkv, layer.wo, layer.bo]
+            row += [layer.wgu, layer.wdown]
+            plain = [empty if t is None else t for t in row]
+            if not all(isinstance(t, torch.Tensor) for t in plain):
+                raise NativeBuildError("the native step needs plain float weights")
+            tensors.append([t.detach().contiguous() for t in plain if isinstance(t, torch.Tensor)])
+        if not isinstance(lm_head, torch.Tensor):
+            raise NativeBuildError("the native step needs a plain float lm_head")
+        heads, kv_heads, head_dim = geometry
+        module = native_module()
+        try:
+            model = module.DecodeModel(
+                tensors, final_norm.detach().contiguous(), lm_head.detach().contiguous(),
+                heads, kv_heads, head_dim, eps, scale,
+            )  # fmt: skip
+        except RuntimeError as exc:  # a geometry the kernels do not cover
+            raise NativeBuildError(str(exc)) from exc
+        held = [t for row in tensors for t in row] + [final_norm, lm_head]
+        return cls(model, held)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        buffers: Sequence[KVBuffer],
+        pasts: Sequence[int],
+    ) -> torch.Tensor:
+        """Logits ``[B, vocab]`` (float32) of ``x [B, hidden]`` at positions ``pasts``, each row's K/V
+        written into its buffer at its position; ``cos``/``sin`` ``[B, head_dim]``."""
+        for buffer, past in zip(buffers, pasts):
+            buffer.reserve(past + 1)
+        stores = [b.stores() for b in buffers]
+        logits: torch.Tensor = self._model.step(
+            x, cos.contiguous(), sin.contiguous(), [k for k, _ in stores], [v for _, v in stores], list(pasts)
+        )
+        return logits

@@ -1,0 +1,169 @@
+"""The native decode step (engine/native/decode.py) against the Python layer loop on the real model:
+close logits, the same greedy answers, and rows that never depend on their batch mates or on the
+thread count. On a CPU with AVX512-BF16 the bfloat16 engine must run it (never a silent fallback)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.fused import FusedLlamaRunner
+from engine.isa import cpu_flags
+from engine.models import load_model
+from engine.native.decode import NEEDED_FLAGS, unavailable_reason
+
+HAS_CPU = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
+needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX512-BF16: the layer loop runs (stated)")
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "List three primary colors:",
+]
+
+
+@pytest.fixture(scope="module")
+def runner():
+    fused = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype="bfloat16").model)
+    assert fused.native is not None, fused.native_reason
+    return fused
+
+
+def _prompt(loaded_model, text):
+    return loaded_model.tokenizer(text)["input_ids"]
+
+
+def _decode(runner, ids, steps, native):
+    saved = runner.native
+    runner.native = saved if native else None
+    try:
+        buf = runner.new_buffer(len(ids) + steps + 1)
+        logits = runner.prefill(ids, buf)
+        tokens, rows = [], []
+        for _ in range(steps):
+            token = int(logits.argmax())
+            tokens.append(token)
+            logits = runner.decode_step(token, buf)
+            rows.append(logits)
+        return tokens, rows
+    finally:
+        runner.native = saved
+
+
+def _kl(rows, reference):
+    p, q = torch.stack(rows).log_softmax(-1), torch.stack(reference).log_softmax(-1)
+    return float(torch.nn.functional.kl_div(p, q, log_target=True, reduction="batchmean"))
+
+
+@needs_cpu
+def test_greedy_answers_equal_the_layer_loop_and_as_close_to_float32(runner, loaded_model):
+    reference = FusedLlamaRunner(loaded_model.model)  # float32
+    native_kl, loop_kl = [], []
+    for text in PROMPTS:
+        ids = _prompt(loaded_model, text)
+        native_tokens, native_rows = _decode(runner, ids, 16, native=True)
+        loop_tokens, loop_rows = _decode(runner, ids, 16, native=False)
+        assert native_tokens == loop_tokens, text
+        float_rows = _forced(reference, ids, native_tokens)
+        native_kl.append(_kl(native_rows, float_rows))
+        loop_kl.append(_kl(loop_rows, float_rows))
+    # both round to bfloat16 at the same steps, in another order of float32 sums: neither is the
+    # closer one by design, so the native step must be about as close to float32 as the loop is
+    assert sum(native_kl) <= 1.5 * sum(loop_kl), (native_kl, loop_kl)
+
+
+def _forced(runner, ids, tokens):
+    buf = runner.new_buffer(len(ids) + len(tokens) + 1)
+    runner.prefill(ids, buf)
+    return [runner.decode_step(token, buf) for token in tokens]
+
+
+@needs_cpu
+def test_a_row_never_depends_on_its_batch_mates(runner, loaded_model):
+    prompts = [_prompt(loaded_model, text) for text in PROMPTS]
+    alone = []
+    for ids in prompts:
+        buf = runner.new_buffer(64)
+        runner.prefill(ids, buf)
+        alone.append(runner.decode_batch([42], [buf])[0])
+    bufs = []
+    for ids in prompts:
+        buf = runner.new_buffer(64)
+        runner.prefill(ids, buf)
+        bufs.append(buf)
+    batched = runner.decode_batch([42] * len(prompts), bufs)
+    for a, b in zip(alone, batched):
+        assert torch.equal(a, b)
+
+
+ONE_THREAD = """
+import sys
+import numpy as np
+import torch
+from engine.fused import FusedLlamaRunner
+from engine.models import load_model
+torch.set_num_threads(1)
+runner = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype="bfloat16").model)
+assert runner.native is not None, runner.native_reason
+ids = [int(i) for i in sys.argv[1].split(",")]
+buf = runner.new_buffer(64)
+runner.prefill(ids, buf)
+np.save(sys.argv[2], runner.decode_batch([42], [buf])[0].numpy())
+"""
+
+
+@needs_cpu
+def test_the_thread_count_does_not_change_a_bit(runner, loaded_model, tmp_path):
+    ids = _prompt(loaded_model, PROMPTS[0])
+    buf = runner.new_buffer(64)
+    runner.prefill(ids, buf)
+    here = runner.decode_batch([42], [buf])[0]
+    # one thread in a process of its own: torch.set_num_threads changes MKL's threading mode for the
+    # whole process (engine.isa.mkl_dynamic), which would move the other numerics tests
+    out = tmp_path / "one_thread.npy"
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-c", ONE_THREAD, ",".join(map(str, ids)), str(out)]
+    subprocess.run(command, check=True, env=env, timeout=300)
+    assert torch.get_num_threads() > 1 or os.cpu_count() == 1
+    assert torch.equal(torch.from_numpy(np.load(out)), here)
+
+
+@needs_cpu
+def test_long_context_attention_matches_the_layer_loop(runner, loaded_model):
+    ids = (_prompt(loaded_model, " ".join(PROMPTS)) * 60)[:1500]  # attention over 1,500 keys
+    native_tokens, native_rows = _decode(runner, ids, 4, native=True)
+    loop_tokens, loop_rows = _decode(runner, ids, 4, native=False)
+    assert native_tokens == loop_tokens
+    assert torch.nn.functional.cosine_similarity(native_rows[-1], loop_rows[-1], dim=0) > 0.999
+
+
+def test_the_engine_states_which_decode_step_runs():
+    engine = Engine.from_config(EngineConfig(dtype="bfloat16", check_exact_reuse=False))
+    try:
+        if HAS_CPU:  # on this CPU the native step must run, never a silent fallback
+            assert engine.stats()["decode"] == {"kernel": "native", "reason": None}
+        else:
+            assert engine.stats()["decode"]["reason"].startswith("the CPU lacks")
+    finally:
+        engine.close()
+    engine = Engine.from_config(EngineConfig(dtype="bfloat16", native_decode=False, check_exact_reuse=False))
+    try:
+        assert engine.stats()["decode"] == {"kernel": "layers", "reason": "native_decode=False"}
+    finally:
+        engine.close()
+
+
+def test_unsupported_settings_say_why():
+    assert "float32" in str(unavailable_reason(torch.float32, True, True))
+    assert "int8" in str(unavailable_reason(torch.bfloat16, False, True))
+    assert "KV format" in str(unavailable_reason(torch.bfloat16, True, False))
+    assert unavailable_reason(torch.bfloat16, True, True) is None

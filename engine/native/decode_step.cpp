@@ -16,6 +16,13 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <sched.h>
 
 namespace {
 
@@ -74,14 +81,102 @@ AVX512 void gemv_rows(const bf16* x, const bf16* w, float* y, int64_t k, int64_t
   }
 }
 
+
+// The threads of one decode step: workers sleep between steps and spin during one, so the many
+// short parallel sections of a step cost no wake-up each (OpenMP's passive wait would, in a server).
+// Work [0, n) splits into one contiguous part per thread; callers split by output column or head,
+// never inside a sum, so the result does not depend on the thread count.
+class Team {
+ public:
+  explicit Team(int threads) : threads_(threads) {
+    for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { work(t); });
+  }
+  ~Team() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+      active_.store(false);
+    }
+    wake_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+  int threads() const { return threads_; }
+  void begin() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      active_.store(true);
+    }
+    wake_.notify_all();
+  }
+  void end() { active_.store(false); }
+  void parallel(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+    if (threads_ == 1 || n < 2) {
+      fn(0, n);
+      return;
+    }
+    fn_ = &fn;
+    n_ = n;
+    pending_.store(threads_ - 1, std::memory_order_relaxed);
+    job_.fetch_add(1, std::memory_order_release);
+    run_part(0);
+    for (int spins = 0; pending_.load(std::memory_order_acquire) > 0; ++spins) pause(spins);
+  }
+
+ private:
+  static void pause(int spins) {
+    if (spins % 256 == 255) sched_yield();  // another thread (the event loop) may need this core
+    else _mm_pause();
+  }
+  void run_part(int t) {
+    int64_t a = n_ * t / threads_, b = n_ * (t + 1) / threads_;
+    if (a < b) (*fn_)(a, b);
+  }
+  void work(int t) {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [this] { return active_.load() || stop_; });
+        if (stop_) return;
+      }
+      for (int spins = 0; active_.load(std::memory_order_acquire) || job_.load(std::memory_order_acquire) != seen;) {
+        if (job_.load(std::memory_order_acquire) != seen) {
+          seen = job_.load(std::memory_order_acquire);
+          run_part(t);
+          pending_.fetch_sub(1, std::memory_order_release);
+          spins = 0;
+        } else {
+          pause(spins++);
+        }
+      }
+    }
+  }
+  int threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::atomic<bool> active_{false};
+  bool stop_ = false;
+  std::atomic<uint64_t> job_{0};
+  std::atomic<int> pending_{0};
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0;
+};
+
+struct Session {
+  explicit Session(Team& team) : team(team) { team.begin(); }
+  ~Session() { team.end(); }
+  Team& team;
+};
+
 using GemvFn = void (*)(const bf16*, const bf16*, float*, int64_t, int64_t, int64_t, int64_t);
 constexpr int64_t MAX_ROWS = 8;  // rows per pass over the weights (NB * ROWS sums fill the 32 registers)
 const GemvFn GEMV[MAX_ROWS + 1] = {nullptr,         gemv_rows<1>, gemv_rows<2>, gemv_rows<3>, gemv_rows<4>,
                                    gemv_rows<5>, gemv_rows<6>, gemv_rows<7>, gemv_rows<8>};
 
 // y [m, n] (float32 sums) = x [m, k] @ w[n, k]^T, split by output column across threads
-void gemv(const bf16* x, const bf16* w, float* y, int64_t m, int64_t k, int64_t n) {
-  at::parallel_for(0, (n + 15) / 16, 4, [&](int64_t a, int64_t b) {
+void gemv(Team& team, const bf16* x, const bf16* w, float* y, int64_t m, int64_t k, int64_t n) {
+  team.parallel((n + 15) / 16, [&](int64_t a, int64_t b) {
     int64_t lo = a * 16, hi = std::min(n, b * 16);
     for (int64_t i = 0; i < m; i += MAX_ROWS) {
       int rows = int(std::min<int64_t>(MAX_ROWS, m - i));
@@ -238,10 +333,15 @@ class DecodeModel {
     bf16* xs = reinterpret_cast<bf16*>(x.data_ptr());
     const bf16* cs = ptr(cos);
     const bf16* sn = ptr(sin);
+    std::lock_guard<std::mutex> one_step(step_mutex_);  // a model's team runs one step at a time
+    const int threads = std::max(1, at::get_num_threads());
+    if (!team_ || team_->threads() != threads) team_ = std::make_unique<Team>(threads);
+    Team& team = *team_;
+    Session session(team);  // workers spin for this step's work, and sleep again when it ends
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& L = layers_[li];
       for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(L.in_norm), normed.data() + i * h, h, eps_);
-      gemv(normed.data(), ptr(L.wqkv), sums.data(), m, h, qkv_n);
+      gemv(team, normed.data(), ptr(L.wqkv), sums.data(), m, h, qkv_n);
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < qkv_n; ++j) {
           float v = round_bf16(sums[i * qkv_n + j]);
@@ -250,22 +350,20 @@ class DecodeModel {
         }
       rope(qkv.data(), cs, sn, m, qkv_n);
       write_kv(qkv.data(), k_stores, v_stores, pasts, li, qkv_n);
-      attention(qkv.data(), k_stores, v_stores, pasts, li, qkv_n, longest, attn.data());
-      project_add(attn.data(), L.wo, L.bo, xs, sums.data(), m, heads_ * d, h);
+      attention(team, qkv.data(), k_stores, v_stores, pasts, li, qkv_n, longest, attn.data());
+      project_add(team, attn.data(), L.wo, L.bo, xs, sums.data(), m, heads_ * d, h);
       for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(L.post_norm), normed.data() + i * h, h, eps_);
-      gemv(normed.data(), ptr(L.wgu), sums.data(), m, h, 2 * inter_);
+      gemv(team, normed.data(), ptr(L.wgu), sums.data(), m, h, 2 * inter_);
       for (int64_t i = 0; i < m; ++i) silu_mul(sums.data() + i * 2 * inter_, act.data() + i * inter_, inter_);
-      project_add(act.data(), L.wdown, no_bias_, xs, sums.data(), m, inter_, h);
+      project_add(team, act.data(), L.wdown, no_bias_, xs, sums.data(), m, inter_, h);
     }
     for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(final_norm_), normed.data() + i * h, h, eps_);
     const int64_t vocab = lm_head_.size(0);
     auto logits = torch::empty({m, vocab}, torch::kFloat32);
     float* out = logits.data_ptr<float>();
-    gemv(normed.data(), ptr(lm_head_), out, m, h, vocab);
+    gemv(team, normed.data(), ptr(lm_head_), out, m, h, vocab);
     // the Python path's logits are the bf16 product cast to float32
-    at::parallel_for(0, m * vocab, 1 << 16, [&](int64_t a, int64_t b) {
-      for (int64_t j = a; j < b; ++j) out[j] = round_bf16(out[j]);
-    });
+    for (int64_t j = 0; j < m * vocab; ++j) out[j] = round_bf16(out[j]);
     return logits;
   }
 
@@ -305,10 +403,10 @@ class DecodeModel {
     return reinterpret_cast<bf16*>(store.data_ptr()) + layer * s[0] + group * s[2] + pos * s[3];
   }
 
-  void attention(const bf16* qkv, std::vector<torch::Tensor>& ks, std::vector<torch::Tensor>& vs,
+  void attention(Team& team, const bf16* qkv, std::vector<torch::Tensor>& ks, std::vector<torch::Tensor>& vs,
                  const std::vector<int64_t>& pasts, size_t layer, int64_t qkv_n, int64_t longest, bf16* out) const {
     const int64_t d = head_dim_, m = int64_t(pasts.size()), group = heads_ / kv_heads_;
-    at::parallel_for(0, m * heads_, 1, [&](int64_t a, int64_t b) {
+    team.parallel(m * heads_, [&](int64_t a, int64_t b) {
       std::vector<float> scores(longest);
       for (int64_t task = a; task < b; ++task) {
         int64_t i = task / heads_, hh = task % heads_, g = hh / group;
@@ -319,9 +417,9 @@ class DecodeModel {
   }
 
   // x += bf16(in @ w^T (+ bias)), each step rounded as the Python path rounds it
-  static void project_add(const bf16* in, const torch::Tensor& w, const torch::Tensor& bias, bf16* x, float* sums,
+  static void project_add(Team& team, const bf16* in, const torch::Tensor& w, const torch::Tensor& bias, bf16* x, float* sums,
                           int64_t m, int64_t k, int64_t h) {
-    gemv(in, ptr(w), sums, m, k, h);
+    gemv(team, in, ptr(w), sums, m, k, h);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < h; ++j) {
         float v = round_bf16(sums[i * h + j]);
@@ -331,6 +429,8 @@ class DecodeModel {
   }
 
   std::vector<Layer> layers_;
+  std::unique_ptr<Team> team_;
+  std::mutex step_mutex_;
   torch::Tensor final_norm_, lm_head_, no_bias_ = torch::empty({0}, torch::kBFloat16);
   int64_t heads_, kv_heads_, head_dim_, hidden_ = 0, inter_ = 0;
   float eps_, scale_;

@@ -61,6 +61,10 @@ def native_module() -> ModuleType:
 
 
 def _build(folder: Path) -> None:
+    # the ninja that pip installs beside this interpreter (a dependency) counts, activated or not
+    bin_dir = os.path.dirname(sys.executable)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
     missing = [tool for tool in ("g++", "ninja") if shutil.which(tool) is None]
     if missing:
         raise NativeBuildError(f"cannot compile the native decode step: {', '.join(missing)} not found")

@@ -324,6 +324,18 @@ class DecodeModel {
                      std::vector<torch::Tensor> v_stores, std::vector<int64_t> pasts) {
     const int64_t m = x.size(0), h = hidden_, d = head_dim_;
     const int64_t qkv_n = (heads_ + 2 * kv_heads_) * d;
+    TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.size(1) == h, "x must be [rows, hidden] bf16");
+    TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(0) == m && cos.size(1) == d && cos.is_contiguous() &&
+                    sin.is_contiguous() && cos.scalar_type() == torch::kBFloat16,
+                "cos/sin must be contiguous [rows, head_dim] bf16");
+    TORCH_CHECK(int64_t(k_stores.size()) == m && int64_t(v_stores.size()) == m && int64_t(pasts.size()) == m,
+                "one K store, V store and position per row");
+    for (int64_t i = 0; i < m; ++i)
+      for (auto* store : {&k_stores[i], &v_stores[i]})
+        TORCH_CHECK(store->scalar_type() == torch::kBFloat16 && store->dim() == 5 &&
+                        store->size(0) == int64_t(layers_.size()) && store->size(2) == kv_heads_ &&
+                        store->size(3) > pasts[i] && pasts[i] >= 0 && store->size(4) == d && store->stride(4) == 1,
+                    "a KV store must be [layers, 1, kv_heads, capacity > position, head_dim] bf16");
     x = x.contiguous().clone();
     std::vector<bf16> normed(m * std::max(h, inter_)), act(m * inter_), attn(m * heads_ * d);
     std::vector<float> sums(m * std::max<int64_t>(2 * inter_, qkv_n));

@@ -167,3 +167,13 @@ def test_unsupported_settings_say_why():
     assert "int8" in str(unavailable_reason(torch.bfloat16, False, True))
     assert "KV format" in str(unavailable_reason(torch.bfloat16, True, False))
     assert unavailable_reason(torch.bfloat16, True, True) is None
+
+
+@needs_cpu
+def test_a_store_of_another_format_is_a_clear_error(runner):
+    x = runner.embed_ids([1])
+    cos, sin = runner.rope(torch.tensor([0]))
+    buffer = runner.new_buffer(16)
+    buffer.ensure_storage(runner.kv_heads, runner.head_dim, torch.float32, runner.device)
+    with pytest.raises(RuntimeError, match="a KV store must be"):
+        runner.native(x, cos[:, 0], sin[:, 0], [buffer], [0])

@@ -4,9 +4,9 @@
 ``engine/native/compiled/<key>/`` beside the source (``$PREFIXRAG_HOME/native/<key>/`` where the
 package folder is read-only), the key naming the source's hash and the torch version, so a changed
 source or another torch builds anew and every later process, whatever its ``$PREFIXRAG_HOME``,
-imports the library in well under a second. A file lock makes concurrent first uses (a server's replicas, test workers) build
-once. ``make setup`` builds it (:func:`main`); a machine without a compiler
-gets a clear reason (engine.native.decode falls back to the Python layer loop and says why).
+imports the library without compiling. A file lock makes concurrent first uses (a server's
+replicas, test workers) build once. ``make setup`` builds it (:func:`main`); a machine without a
+compiler gets a clear reason (the fused runner then runs the Python layer loop and says why).
 
 Example:
     >>> module = native_module()   # doctest: +SKIP

@@ -1,23 +1,24 @@
 """A decode step in one native call: every layer of a bfloat16 Llama-family model for B new tokens.
 
-The Python layer loop (engine/fused.py) runs about a hundred torch operations per layer, so a
-decode token of the bundled 30-layer model pays some three thousand calls, and oneDNN's bfloat16
-kernels for one to four rows stream weights at about half the machine's read bandwidth. The native
-step (``decode_step.cpp``, compiled once per machine: engine.native.build) runs the same layers in
-one call: AVX512-BF16 dot products over the weights as they are stored, RMSNorm, RoPE, SiLU and the
-residual adds fused around them, attention per head over the KV buffer in place. It rounds to
-bfloat16 wherever the Python loop does; its sums run in another order, so its results are close to
-the Python loop's, not equal (tests/engine/native/test_decode.py bounds the difference and checks
-greedy answers). What it guarantees beyond that: a row's result depends on its own token and KV
-alone, never on its batch mates or the thread count.
+The Python layer loop (engine/fused.py) runs on the order of a hundred torch operations per layer,
+and oneDNN's bfloat16 kernels for a decode step's few rows do not stream the weights at the
+machine's read bandwidth, so decode pays per-call overhead rather than bytes (measured:
+docs/benchmarks/native/README.md). The native step (``decode_step.cpp``, compiled once per
+machine: engine.native.build) runs the same layers in one call: AVX512-BF16 dot products over the
+weights as they are stored, RMSNorm, RoPE, SiLU and the residual adds fused around them, attention
+per head over the KV buffer in place, on a thread team of its own. It rounds to bfloat16 wherever
+the Python loop does; its sums run in another order, so its results are close to the loop's, not
+equal (tests/engine/native/test_decode.py checks greedy answers and the distance to float32). What
+it guarantees beyond that: a row's result depends on its own token and KV alone, never on its batch
+mates or the thread count.
 
 It runs where the CPU has AVX512-BF16, the compute dtype is bfloat16, the weights are float, the KV
 format stores the compute dtype and decode is not ``batch_invariant`` (which runs a prefill's
 shapes instead); elsewhere :func:`unavailable_reason` says why and the Python loop runs.
 
 Example:
-    >>> step = NativeDecode.of(runner, layers)          # doctest: +SKIP
-    >>> logits = step(x, cos, sin, buffers, pasts)      # [B, vocab] float32
+    >>> step = NativeDecode.of(layers, final_norm, lm_head, (9, 3, 64), eps, scale)  # doctest: +SKIP
+    >>> logits = step(x, cos, sin, buffers, pasts)  # [B, vocab] float32          # doctest: +SKIP
 """
 
 from __future__ import annotations

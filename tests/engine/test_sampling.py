@@ -73,3 +73,15 @@ def test_invalid_params_are_rejected(kwargs):
 
 def test_single_stop_string_is_wrapped():
     assert SamplingParams(stop="END").stop == ["END"]
+
+
+def test_draws_follow_the_distribution_and_never_pick_a_zero_mass_token():
+    probs = torch.tensor([0.5, 0.3, 0.0, 0.2, 0.0])
+    logits = probs.clamp_min(1e-45).log()  # the zero-mass tokens at -inf after the shift
+    logits[probs == 0] = float("-inf")
+    params = SamplingParams(temperature=1.0, seed=3)
+    gen = params.make_generator()
+    draws = torch.tensor([sample(logits, params, gen) for _ in range(20000)])
+    freq = torch.bincount(draws, minlength=5).double() / draws.numel()
+    assert freq[2] == 0 and freq[4] == 0
+    assert torch.allclose(freq, probs.double(), atol=0.015)

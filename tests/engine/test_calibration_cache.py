@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from engine import calibration_cache
-from engine.row_tiles import TILE, TileMenu, cached_menu
+from engine.row_tiles import MENU_KIND, TILE, TileMenu, cached_menu
 
 
 def test_a_menu_is_measured_once_then_read_back(tmp_path, monkeypatch):
@@ -18,10 +18,10 @@ def test_a_menu_is_measured_once_then_read_back(tmp_path, monkeypatch):
         return TileMenu((TILE, 64), (1e-4, 3e-4))
 
     key = ("test-menu", 123, 456)
-    first = calibration_cache.recall("tiles", key)
+    first = calibration_cache.recall(MENU_KIND, key)
     assert first is None
     menu = cached_menu(key, measure)
-    stored = calibration_cache.recall("tiles", key)
+    stored = calibration_cache.recall(MENU_KIND, key)
     assert stored == {"sizes": [TILE, 64], "seconds": [1e-4, 3e-4]}
     assert menu.sizes == (TILE, 64) and measured == [1]
     files = list((tmp_path / "calibration").glob("tiles-*.json"))

@@ -52,6 +52,7 @@ from engine.llama_weights import (
 )
 from engine.native.build import NativeBuildError
 from engine.native.decode import NativeDecode, unavailable_reason
+from engine.native.rows import NativeRows
 from engine.packed_linear import PackedLinear, packed_menu
 from engine.prefill_shapes import aligned_keys, attention_menu
 from engine.quant.linear import Int8Weight, int8_linear, rescore_top
@@ -85,6 +86,7 @@ class FusedLlamaRunner:
         kv_codec: KVCodec | None = None,
         exact_shapes: bool = True,
         native_decode: bool = True,
+        native_rows: bool = True,
     ) -> None:
         reason = fused_unsupported_reason(model)
         if reason:
@@ -119,6 +121,8 @@ class FusedLlamaRunner:
         # decode in one native call (engine.native.decode); None: the layer loop, for native_reason
         self.native: NativeDecode | None = None
         self.native_reason: str | None = "int8 weights run engine.quant's kernels"
+        # a prefill's norms and RoPE in one native pass each (engine.native.rows)
+        self.rows = NativeRows.of(self.dtype, self.eps) if native_rows else None
         if weights == "int8":
             self.exact_head = (self.final_norm, model.lm_head.weight)
             self.layers, self.final_norm, self.lm_head = int8_layers(model, tokenizer, self.dtype)
@@ -205,6 +209,8 @@ class FusedLlamaRunner:
         return tiled_linear(x, weight, menu, bias)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.rows is not None and x.dim() == 2:
+            return self.rows.norm(x, weight)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
@@ -220,6 +226,9 @@ class FusedLlamaRunner:
         # x: [T, hidden] -> q [T, H, D], k/v [T, KVH, D] (rope applied to q and k)
         qkv = self._linear(self._norm(x, layer.in_norm), layer.wqkv, layer.bqkv)
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        if self.rows is not None and cos.dtype == qkv.dtype:
+            q, k = self.rows.rope(qkv, cos, sin, h, kvh)
+            return q, k, qkv[:, (h + kvh) * d :].view(-1, kvh, d)
         # q and k rotate in one elementwise pass: the same bits as one at a time
         qk = self._rope(qkv[:, : (h + kvh) * d].view(-1, h + kvh, d), cos, sin)
         return qk[:, :h].contiguous(), qk[:, h:], qkv[:, (h + kvh) * d :].view(-1, kvh, d)

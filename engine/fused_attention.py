@@ -60,6 +60,14 @@ def attend(
     return out[0].transpose(0, 1).reshape(r, -1)
 
 
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask as SDPA converts it on every call (0 where visible, -inf elsewhere, in the queries'
+    dtype): the same bits, converted once per forward instead of once per layer."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
+        ~visible, float("-inf")
+    )
+
+
 def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     """``x`` with zero rows appended up to ``rows`` (``x`` itself when it has that many)."""
     if x.shape[0] >= rows:
@@ -97,7 +105,8 @@ class PrefillAttention:
             start = a
             for size in tiles.plan(b - a) if tiles is not None else (round_up(b - a, TILE),):
                 real = min(size, b - start)
-                calls.append((start, real, size, keys, prefill_mask(size, self.past + start, keys, device)))
+                mask = additive_mask(prefill_mask(size, self.past + start, keys, device), self.k_store.dtype)
+                calls.append((start, real, size, keys, mask))
                 start += real
         return calls
 

@@ -181,18 +181,13 @@ def tiled_linear(
     have been calibrated on that kernel.
     """
     rows = x.shape[0]
-    plan = menu.plan(rows)
-    total = sum(plan)
-    if total > rows:
-        x = torch.cat([x, x.new_zeros(total - rows, x.shape[1])])
     product = matmul or (lambda part: F.linear(part, weight))
-    if len(plan) == 1:
-        out = product(x)
-    else:
-        parts, start = [], 0
-        for size in plan:
-            parts.append(product(x[start : start + size]))
-            start += size
-        out = torch.cat(parts)
-    out = out[:rows]
+    parts, start = [], 0
+    for size in menu.plan(rows):
+        part = x[start : start + size]
+        if part.shape[0] < size:  # the last tile: only its own rows are copied to pad it
+            part = torch.cat([part, part.new_zeros(size - part.shape[0], x.shape[1])])
+        parts.append(product(part))
+        start += size
+    out = (parts[0] if len(parts) == 1 else torch.cat(parts))[:rows]
     return out if bias is None else out + bias

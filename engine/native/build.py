@@ -1,8 +1,9 @@
-"""The native decode kernels, compiled once per machine with its own C++ compiler and kept.
+"""The native kernels (the decode step, the prefill's row operations), compiled once per machine with
+its own C++ compiler and kept.
 
-``engine/native/decode_step.cpp`` is compiled by torch's extension builder (g++ and ninja) into
+``engine/native/*.cpp`` are compiled by torch's extension builder (g++ and ninja) into
 ``engine/native/compiled/<key>/`` beside the source (``$PREFIXRAG_HOME/native/<key>/`` where the
-package folder is read-only), the key naming the source's hash and the torch version, so a changed
+package folder is read-only), the key naming the sources' hash and the torch version, so a changed
 source or another torch builds anew and every later process, whatever its ``$PREFIXRAG_HOME``,
 imports the library without compiling. A file lock makes concurrent first uses (a server's
 replicas, test workers) build once. ``make setup`` builds it (:func:`main`); a machine without a
@@ -30,7 +31,11 @@ import torch
 
 from engine.paths import prefixrag_home
 
-SOURCE = Path(__file__).with_name("decode_step.cpp")
+SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("module.cpp", "decode_step.cpp", "prefill_rows.cpp")
+)
+HEADERS = (Path(__file__).with_name("bf16.h"),)
+FOLDER = Path(__file__).parent
 CFLAGS = ["-O3", "-fno-math-errno"]
 
 
@@ -40,7 +45,8 @@ class NativeBuildError(RuntimeError):
 
 def build_key() -> str:
     """What the compiled library depends on: the source and the torch it links against."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:12]
+    code = b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
+    digest = hashlib.sha256(code + " ".join(CFLAGS).encode()).hexdigest()[:12]
     return f"{digest}-torch{torch.__version__.replace('+', '_')}"
 
 
@@ -51,11 +57,11 @@ def module_name() -> str:
 @functools.cache
 def native_module() -> ModuleType:
     """The compiled extension, built on first use on this machine (raises NativeBuildError)."""
-    folders = [SOURCE.parent / "compiled" / build_key(), prefixrag_home() / "native" / build_key()]
+    folders = [FOLDER / "compiled" / build_key(), prefixrag_home() / "native" / build_key()]
     for folder in folders:
         if (folder / f"{module_name()}.so").exists():
             return _import(folder / f"{module_name()}.so")
-    folder = folders[0] if os.access(SOURCE.parent, os.W_OK) else folders[1]
+    folder = folders[0] if os.access(FOLDER, os.W_OK) else folders[1]
     _build(folder)
     return _import(folder / f"{module_name()}.so")
 
@@ -78,13 +84,13 @@ def _build(folder: Path) -> None:
         try:
             load(
                 module_name(),
-                [str(SOURCE)],
+                [str(path) for path in SOURCES],
                 extra_cflags=CFLAGS,
                 build_directory=str(folder),
                 verbose=False,
             )
         except (RuntimeError, OSError) as exc:
-            raise NativeBuildError(f"compiling {SOURCE.name} failed: {exc}") from exc
+            raise NativeBuildError(f"compiling the native kernels failed: {exc}") from exc
 
 
 def _import(library: Path) -> ModuleType:

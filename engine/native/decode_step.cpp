@@ -9,8 +9,9 @@
 //  * a layer without a bias passes an empty tensor for it;
 //  * attention reads keys and values in the KV buffer's layout [layers, 1, kv_heads, capacity, dim].
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <torch/extension.h>
+
+#include "bf16.h"
 
 #include <cmath>
 #include <cstdint>
@@ -26,25 +27,7 @@
 
 namespace {
 
-using bf16 = uint16_t;
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
-
-inline float to_float(bf16 v) {
-  uint32_t b = uint32_t(v) << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
-inline bf16 to_bf16(float f) {  // round to nearest even, as torch's cast (NaN stays NaN)
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  if ((b & 0x7fffffff) > 0x7f800000) return bf16((b >> 16) | 0x40);
-  b += 0x7fff + ((b >> 16) & 1);
-  return bf16(b >> 16);
-}
-
-inline float round_bf16(float f) { return to_float(to_bf16(f)); }
+using namespace prefixrag;
 
 // y[i, n] = x[i, :] . w[n, :] for ROWS rows of x, output columns [n0, n1); w [N, K] row-major.
 template <int ROWS>
@@ -185,17 +168,6 @@ void gemv(Team& team, const bf16* x, const bf16* w, float* y, int64_t m, int64_t
   });
 }
 
-// Python's `weight * (x * rsqrt(mean(x^2) + eps)).to(bf16)`: sums in float32, two roundings
-void rms_norm(const bf16* x, const bf16* weight, bf16* out, int64_t h, float eps) {
-  float ss = 0.f;
-  for (int64_t j = 0; j < h; ++j) {
-    float v = to_float(x[j]);
-    ss += v * v;
-  }
-  float inv = 1.f / std::sqrt(ss / float(h) + eps);
-  for (int64_t j = 0; j < h; ++j) out[j] = to_bf16(to_float(weight[j]) * round_bf16(to_float(x[j]) * inv));
-}
-
 // e^x for x in [-87, 88] (clamped below), float32, ~1 ulp
 AVX512 inline __m512 exp_ps(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
@@ -214,14 +186,10 @@ AVX512 inline __m512 exp_ps(__m512 x) {
 
 // out = bf16(bf16(silu(g)) * u) for the gate g = bf16(sums[:n]) and value u = bf16(sums[n:2n])
 AVX512 void silu_mul(const float* sums, bf16* out, int64_t n) {
-  float silu[16];
   for (int64_t j = 0; j < n; j += 16) {
-    float g[16];
-    for (int l = 0; l < 16; ++l) g[l] = round_bf16(sums[j + l]);
-    __m512 vg = _mm512_loadu_ps(g);
-    __m512 e = exp_ps(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), vg), _mm512_set1_ps(88.f)));
-    _mm512_storeu_ps(silu, _mm512_div_ps(vg, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
-    for (int l = 0; l < 16; ++l) out[j + l] = to_bf16(round_bf16(silu[l]) * round_bf16(sums[n + j + l]));
+    __m512 g = round_bf16_ps(_mm512_loadu_ps(sums + j));
+    __m512 u = round_bf16_ps(_mm512_loadu_ps(sums + n + j));
+    _mm256_storeu_si256((__m256i*)(out + j), pack_bf16(_mm512_mul_ps(round_bf16_ps(silu_ps(g)), u)));
   }
 }
 
@@ -450,7 +418,7 @@ class DecodeModel {
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
+void bind_decode_step(pybind11::module_& mod) {
   pybind11::class_<DecodeModel>(mod, "DecodeModel")
       .def(pybind11::init<std::vector<std::vector<torch::Tensor>>, torch::Tensor, torch::Tensor, int64_t, int64_t,
                           int64_t, double, double>())

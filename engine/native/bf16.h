@@ -1,0 +1,68 @@
+// bfloat16 helpers shared by the native kernels (decode_step.cpp, prefill_rows.cpp).
+//
+// Invariants: every rounding is round-to-nearest-even, as torch's casts; a row's result depends on
+// that row alone (no sum runs across rows); SiLU uses the exp torch's own vectorized SiLU calls
+// (Sleef's, exported by libtorch), so it gives torch's bits.
+#pragma once
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+extern "C" __m512 Sleef_expf16_u10(__m512);
+
+namespace prefixrag {
+
+using bf16 = uint16_t;
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
+
+inline float to_float(bf16 v) {
+  uint32_t b = uint32_t(v) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+inline bf16 to_bf16(float f) {  // round to nearest even, as torch's cast (NaN stays NaN)
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  if ((b & 0x7fffffff) > 0x7f800000) return bf16((b >> 16) | 0x40);
+  b += 0x7fff + ((b >> 16) & 1);
+  return bf16(b >> 16);
+}
+
+inline float round_bf16(float f) { return to_float(to_bf16(f)); }
+
+AVX512 inline __m512 load_bf16(const bf16* p) {  // 16 bf16 -> 16 float
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+AVX512 inline __m256i pack_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }  // round to nearest even
+
+AVX512 inline __m512 round_bf16_ps(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(pack_bf16(v)), 16));
+}
+
+// torch's SiLU in float32: g / (1 + exp(-g))
+AVX512 inline __m512 silu_ps(__m512 g) {
+  __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_setzero_ps(), g));
+  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+}
+
+// Python's `weight * (x * rsqrt(mean(x^2) + eps)).to(bf16)` for one row of h (a multiple of 16):
+// the squares summed in 16 lanes, then across them; two roundings, as the Python expression's
+AVX512 inline void rms_norm(const bf16* x, const bf16* weight, bf16* out, int64_t h, float eps) {
+  __m512 ss = _mm512_setzero_ps();
+  for (int64_t j = 0; j < h; j += 16) {
+    __m512 v = load_bf16(x + j);
+    ss = _mm512_fmadd_ps(v, v, ss);
+  }
+  __m512 inv = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(ss) / float(h) + eps));
+  for (int64_t j = 0; j < h; j += 16) {
+    __m512 y = round_bf16_ps(_mm512_mul_ps(load_bf16(x + j), inv));
+    _mm256_storeu_si256((__m256i*)(out + j), pack_bf16(_mm512_mul_ps(load_bf16(weight + j), y)));
+  }
+}
+
+}  // namespace prefixrag

@@ -1,0 +1,10 @@
+// The native extension's Python module: the decode step and the prefill's row operations.
+#include <torch/extension.h>
+
+void bind_decode_step(pybind11::module_& mod);
+void bind_prefill_rows(pybind11::module_& mod);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
+  bind_decode_step(mod);
+  bind_prefill_rows(mod);
+}

@@ -1,0 +1,69 @@
+"""A prefill's elementwise row operations in one native pass each: RMSNorm and RoPE on the queries and
+keys (``prefill_rows.cpp``, built with the decode step: engine.native.build).
+
+The Python layer loop runs each as several torch operations, each a pass over every row of the
+prefill (and, in a server whose OpenMP threads wait passively, a thread wake-up). The native passes
+round where those operations round: RoPE gives torch's bits; RMSNorm sums the squares in another
+order than torch's mean, so a normed value can differ from torch's by one bfloat16 step, rarely. A
+row's result depends on that row alone, so row tiles, batch mates and thread counts never change
+it, and reuse of cached KV stays exact.
+
+They run where the native decode step's CPU conditions hold and the compute dtype is bfloat16
+(:func:`NativeRows.of` returns None elsewhere, and the torch operations run).
+
+Example:
+    >>> rows = NativeRows.of(torch.bfloat16, eps=1e-5)               # doctest: +SKIP
+    >>> rows.norm(x, weight).shape == x.shape                        # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from engine.native.build import NativeBuildError, native_module
+from engine.native.decode import unavailable_reason
+
+log = logging.getLogger(__name__)
+
+
+class NativeRows:
+    """The native row operations for one model's geometry."""
+
+    def __init__(self, module: Any, eps: float) -> None:
+        self._module = module
+        self.eps = eps
+
+    @classmethod
+    def of(cls, dtype: torch.dtype, eps: float) -> NativeRows | None:
+        """The operations for ``dtype`` on this machine, or None where they cannot run."""
+        if unavailable_reason(dtype, True, True) is not None:
+            return None
+        try:
+            return cls(native_module(), eps)
+        except NativeBuildError as exc:
+            log.warning("prefill row operations run as torch operations: %s", exc)
+            return None
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``weight * rms_normed(x)`` for ``x [T, hidden]``."""
+        out: torch.Tensor = self._module.rms_norm(x.contiguous(), weight, self.eps)
+        return out
+
+    def rope(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated queries ``[T, heads, D]`` and keys ``[T, kv_heads, D]`` from ``qkv [T, (H + 2 KVH) D]``
+        (queries, keys, values), ``cos``/``sin`` ``[T, 1, D]``."""
+        rows, dim = qkv.shape[0], cos.shape[-1]
+        q, k = self._module.rope_qk(
+            qkv.contiguous(),
+            cos.reshape(rows, dim).contiguous(),
+            sin.reshape(rows, dim).contiguous(),
+            heads,
+            kv_heads,
+        )
+        return q, k

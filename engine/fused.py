@@ -121,7 +121,7 @@ class FusedLlamaRunner:
         # decode in one native call (engine.native.decode); None: the layer loop, for native_reason
         self.native: NativeDecode | None = None
         self.native_reason: str | None = "int8 weights run engine.quant's kernels"
-        # a prefill's norms and RoPE in one native pass each (engine.native.rows)
+        # a prefill's norms, RoPE and SiLU * value in one native pass each (engine.native.rows)
         self.rows = NativeRows.of(self.dtype, self.eps) if native_rows else None
         if weights == "int8":
             self.exact_head = (self.final_norm, model.lm_head.weight)
@@ -234,7 +234,10 @@ class FusedLlamaRunner:
         return qk[:, :h].contiguous(), qk[:, h:], qkv[:, (h + kvh) * d :].view(-1, kvh, d)
 
     def _mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
-        gate, value = self._linear(self._norm(x, layer.post_norm), layer.wgu).chunk(2, dim=-1)
+        gate_up = self._linear(self._norm(x, layer.post_norm), layer.wgu)
+        if self.rows is not None:
+            return self._linear(self.rows.silu_mul(gate_up), layer.wdown)
+        gate, value = gate_up.chunk(2, dim=-1)
         return self._linear(F.silu(gate) * value, layer.wdown)
 
     def _attn_out(self, layer: LlamaLayer, attn: torch.Tensor) -> torch.Tensor:

@@ -1,16 +1,13 @@
 // bfloat16 helpers shared by the native kernels (decode_step.cpp, prefill_rows.cpp).
 //
 // Invariants: every rounding is round-to-nearest-even, as torch's casts; a row's result depends on
-// that row alone (no sum runs across rows); SiLU uses the exp torch's own vectorized SiLU calls
-// (Sleef's, exported by libtorch), so it gives torch's bits.
+// that row alone (no sum runs across rows).
 #pragma once
 #include <immintrin.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-
-extern "C" __m512 Sleef_expf16_u10(__m512);
 
 namespace prefixrag {
 
@@ -44,9 +41,25 @@ AVX512 inline __m512 round_bf16_ps(__m512 v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(pack_bf16(v)), 16));
 }
 
-// torch's SiLU in float32: g / (1 + exp(-g))
+// e^x for x in [-87, 88] (clamped below), float32, ~1 ulp
+AVX512 inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// SiLU in float32, g / (1 + e^-g): within an ulp or so of torch's (whose exp is Sleef's)
 AVX512 inline __m512 silu_ps(__m512 g) {
-  __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_setzero_ps(), g));
+  __m512 e = exp_ps(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), _mm512_set1_ps(88.f)));
   return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
 }
 

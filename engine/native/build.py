@@ -36,7 +36,11 @@ SOURCES = tuple(
 )
 HEADERS = (Path(__file__).with_name("bf16.h"),)
 FOLDER = Path(__file__).parent
-CFLAGS = ["-O3", "-fno-math-errno"]
+CFLAGS = [
+    "-O3",
+    "-fno-math-errno",
+    "-fopenmp",
+]  # -fopenmp: at::parallel_for splits rows across torch's threads
 
 
 class NativeBuildError(RuntimeError):

@@ -1,11 +1,11 @@
-// A prefill's elementwise row operations in bfloat16, each one pass over its rows: RMSNorm and RoPE
-// on the queries and keys. The Python layer loop runs each as several torch operations (a pass and,
-// in a server's passive OpenMP, a thread wake-up each).
+// A prefill's elementwise row operations in bfloat16, each one pass over its rows: RMSNorm, RoPE on
+// the queries and keys, SiLU(gate) * value. The Python layer loop runs each as several torch
+// operations (a pass and, in a server's passive OpenMP, a thread wake-up each).
 //
-// Invariants: a row's result depends on that row alone; RoPE rounds where torch's operations do
-// and gives their bits; RMSNorm sums the squares in another order than torch's mean
-// (bf16.h), so its output can differ from torch's by one bfloat16 step, rarely. Rows split across
-// threads only in whole rows, so the thread count never changes a result.
+// Invariants: a row's result depends on that row alone; each rounds where torch's operations do;
+// RoPE gives their bits; SiLU's exp is not torch's (Sleef's) and RMSNorm sums the squares in another
+// order than torch's mean (bf16.h), so those can differ from torch's by one bfloat16 step, rarely.
+// Rows split across threads only in whole rows, so the thread count never changes a result.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -85,9 +85,30 @@ std::vector<torch::Tensor> rope_qk(const torch::Tensor& qkv, const torch::Tensor
   return {q, k};
 }
 
+// gu [rows, 2 n] (gate, then value) -> bf16(bf16(silu(gate)) * value) [rows, n]
+AVX512 void silu_mul_row(const bf16* gu, bf16* y, int64_t n) {
+  for (int64_t j = 0; j < n; j += 16) {
+    __m512 g = load_bf16(gu + j), u = load_bf16(gu + n + j);
+    _mm256_storeu_si256((__m256i*)(y + j), pack_bf16(_mm512_mul_ps(round_bf16_ps(silu_ps(g)), u)));
+  }
+}
+
+torch::Tensor silu_mul_rows(const torch::Tensor& gu) {
+  check_rows(gu, 32, "gate/up");
+  const int64_t m = gu.size(0), n = gu.size(1) / 2;
+  auto y = torch::empty({m, n}, gu.options());
+  const bf16* xs = in(gu);
+  bf16* ys = out(y);
+  parallel_rows(m, 2 * n, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) silu_mul_row(xs + i * 2 * n, ys + i * n, n);
+  });
+  return y;
+}
+
 }  // namespace
 
 void bind_prefill_rows(pybind11::module_& mod) {
   mod.def("rms_norm", &rms_norm_rows, pybind11::call_guard<pybind11::gil_scoped_release>());
   mod.def("rope_qk", &rope_qk, pybind11::call_guard<pybind11::gil_scoped_release>());
+  mod.def("silu_mul", &silu_mul_rows, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -1,10 +1,11 @@
-"""A prefill's elementwise row operations in one native pass each: RMSNorm and RoPE on the queries and
-keys (``prefill_rows.cpp``, built with the decode step: engine.native.build).
+"""A prefill's elementwise row operations in one native pass each: RMSNorm, RoPE on the queries and
+keys, SiLU(gate) * value (``prefill_rows.cpp``, built with the decode step: engine.native.build).
 
 The Python layer loop runs each as several torch operations, each a pass over every row of the
 prefill (and, in a server whose OpenMP threads wait passively, a thread wake-up). The native passes
 round where those operations round: RoPE gives torch's bits; RMSNorm sums the squares in another
-order than torch's mean, so a normed value can differ from torch's by one bfloat16 step, rarely. A
+order than torch's mean, and SiLU's exp is not torch's (Sleef's), so a normed value or a SiLU product
+can differ from torch's by one bfloat16 step, rarely. A
 row's result depends on that row alone, so row tiles, batch mates and thread counts never change
 it, and reuse of cached KV stays exact.
 
@@ -67,3 +68,8 @@ class NativeRows:
             kv_heads,
         )
         return q, k
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * value`` for ``gate_up [T, 2 I]`` (gate first)."""
+        out: torch.Tensor = self._module.silu_mul(gate_up.contiguous())
+        return out

@@ -1,6 +1,6 @@
 """A prefill's native row operations (engine/native/rows.py) against the torch operations they
-replace: RoPE bit for bit, RMSNorm within one bfloat16 step on rare elements, every row independent
-of the others; the bfloat16 runner uses them where the CPU has AVX512-BF16, the float32 one never."""
+replace: RoPE bit for bit, RMSNorm and SiLU * value within one bfloat16 step on rare elements, every
+row independent of the others; the bfloat16 runner uses them where the CPU has AVX512-BF16, the float32 one never."""
 
 from __future__ import annotations
 
@@ -65,12 +65,28 @@ def test_norm_is_torchs_up_to_one_step_on_rare_elements(rows):
 
 
 @needs_cpu
+def test_silu_mul_is_torchs_up_to_one_step_on_rare_elements(rows):
+    gen = torch.Generator().manual_seed(2)
+    gate_up = (torch.randn(700, 2 * 1536, generator=gen) * 4).bfloat16()
+    gate, value = gate_up.chunk(2, dim=-1)
+    got, want = rows.silu_mul(gate_up).float(), (torch.nn.functional.silu(gate) * value).float()
+    differ = got != want
+    assert differ.float().mean() < 1e-3
+    # the SiLU rounds once more in the product: within one step of SiLU times the value, plus the product's
+    step = (torch.nn.functional.silu(gate.float()) * value.float()).abs() * 2.0**-6
+    assert bool(((got - want).abs() <= step)[differ].all())
+
+
+@needs_cpu
 def test_each_row_is_the_same_alone_or_among_others(rows):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(64, 576, generator=gen).bfloat16()
     weight = torch.rand(576, generator=gen).bfloat16()
     together = rows.norm(x, weight)
     assert all(torch.equal(rows.norm(x[i : i + 1], weight)[0], together[i]) for i in (0, 17, 63))
+    gate_up = torch.randn(64, 2 * 1536, generator=gen).bfloat16()
+    products = rows.silu_mul(gate_up)  # 64 rows: split across threads
+    assert all(torch.equal(rows.silu_mul(gate_up[i : i + 1])[0], products[i]) for i in (0, 31, 63))
 
 
 @needs_cpu

@@ -33,12 +33,13 @@ _DISABLE = "PREFIXRAG_NO_CALIBRATION_CACHE"  # set (to anything) to always measu
 
 
 @functools.cache
-def _software() -> str:
+def machine_signature() -> str:
+    """The CPU (model, flags) and torch (version, build) that decide which kernels run."""
     return json.dumps([cpu_model(), sorted(cpu_flags()), torch.__version__, torch.__config__.show()])
 
 
 def _path(kind: str, key: tuple[object, ...]) -> Path:
-    digest = hashlib.sha256(json.dumps([_software(), path_key(), kind, key], default=str).encode())
+    digest = hashlib.sha256(json.dumps([machine_signature(), path_key(), kind, key], default=str).encode())
     return prefixrag_home() / "calibration" / f"{kind}-{digest.hexdigest()[:32]}.json"
 
 

@@ -365,6 +365,7 @@ class Engine:
             "decode": getattr(
                 self.runner, "decode_kernel", {"kernel": "layers", "reason": "transformers runner"}
             ),
+            "prefill_rows": getattr(self.runner, "row_kernels", "torch"),
             "caching": self.caching,
             "waiting": len(self.scheduler),
             "running": len(self._running),

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import weakref
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from engine.calibration_cache import recall, remember
+from engine.calibration_cache import machine_signature, recall, remember
 from engine.isa import path_key
 from engine.tiers.addresses import model_fingerprint
 
@@ -74,6 +75,13 @@ def _stored_or_checked(runner: Any, key: tuple[object, ...]) -> ExactReuse:
     return verdict
 
 
+def kernel_signature(runner: Any) -> str:
+    """What decides the bits of the KV ``runner`` computes besides the model and its formats: the
+    runner's configuration (tile menus, native row kernels, threads, ISA variables), the CPU and
+    torch. Processes that agree on it compute the same KV for the same tokens."""
+    return json.dumps([_configuration(runner), machine_signature()], default=str)
+
+
 def _configuration(runner: Any) -> tuple[object, ...]:
     codec = getattr(runner, "kv_codec", None)
     menus = getattr(runner, "menus", {})  # the tile menus the runner computes with
@@ -84,6 +92,7 @@ def _configuration(runner: Any) -> tuple[object, ...]:
         str(runner.dtype),
         getattr(runner, "weights", "float32"),
         getattr(codec, "name", None),
+        getattr(runner, "row_kernels", None),
         tiles,
         attention,
         *path_key(),

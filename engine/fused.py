@@ -50,7 +50,7 @@ from engine.llama_weights import (
     int8_layers,
     weight_bytes,
 )
-from engine.native.build import NativeBuildError
+from engine.native.build import NativeBuildError, build_key
 from engine.native.decode import NativeDecode, unavailable_reason
 from engine.native.rows import NativeRows
 from engine.packed_linear import PackedLinear, packed_menu
@@ -172,6 +172,11 @@ class FusedLlamaRunner:
             self.native_reason = str(exc)
             log.warning("decode runs the Python layer loop: %s", exc)
             return None
+
+    @property
+    def row_kernels(self) -> str:
+        """What computes a prefill's norms, RoPE and SiLU: ``native <build key>`` or ``torch``."""
+        return f"native {build_key()}" if self.rows is not None else "torch"
 
     @property
     def decode_kernel(self) -> dict[str, str | None]:

@@ -31,9 +31,13 @@ CHAIN_VERSION = b"prefixrag-kv-chain-v1"
 _SAMPLES_PER_TENSOR = 1024  # elements of each weight that enter the fingerprint
 
 
-def model_fingerprint(model: Any, *, model_id: str, dtype: str, kv_dtype: str, weights: str) -> str:
+def model_fingerprint(
+    model: Any, *, model_id: str, dtype: str, kv_dtype: str, weights: str, kernels: str = ""
+) -> str:
     """What KV depends on, as a hex digest: the model id, its config, a strided sample of every weight
-    and buffer, the compute dtype, the KV storage format and the weights format.
+    and buffer, the compute dtype, the KV storage format, the weights format and ``kernels`` (what
+    computes the KV's bits: engine.exact_reuse.kernel_signature), so KV from another CPU, library or
+    kernel build is a miss, never a silently inexact hit.
 
     The weight sample is read in milliseconds; any fine-tune or re-quantization changes it, and two
     processes that load the same files compute the same digest.
@@ -45,6 +49,7 @@ def model_fingerprint(model: Any, *, model_id: str, dtype: str, kv_dtype: str, w
         "dtype": dtype,
         "kv_dtype": kv_dtype,
         "weights": weights,
+        "kernels": kernels,
         "block_tokens": BLOCK_TOKENS,
     }
     digest.update(json.dumps(described, sort_keys=True, default=str).encode())

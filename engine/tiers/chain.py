@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from engine.exact_reuse import kernel_signature
 from engine.kv.codec import compute_dtype
 from engine.kv.state import KVBuffer
 from engine.tiers.addresses import model_fingerprint
@@ -93,6 +94,7 @@ def open_tiers(engine: Any, model: Any) -> TierChain:
         dtype=str(compute_dtype(model)).removeprefix("torch."),
         kv_dtype=cfg.kv_dtype,
         weights=cfg.weights,
+        kernels=kernel_signature(engine.runner),
     )
     tiers = [open_disk_tier(engine, fingerprint), open_remote_tier(engine, fingerprint)]
     return TierChain([t for t in tiers if t is not None])

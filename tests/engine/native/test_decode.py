@@ -149,10 +149,12 @@ def test_long_context_attention_matches_the_layer_loop(runner, loaded_model):
 def test_the_engine_states_which_decode_step_runs():
     engine = Engine.from_config(EngineConfig(dtype="bfloat16", check_exact_reuse=False))
     try:
-        if HAS_CPU:  # on this CPU the native step must run, never a silent fallback
+        if HAS_CPU:  # on this CPU the native step and row passes must run, never a silent fallback
             assert engine.stats()["decode"] == {"kernel": "native", "reason": None}
+            assert engine.stats()["prefill_rows"].startswith("native ")
         else:
             assert engine.stats()["decode"]["reason"].startswith("the CPU lacks")
+            assert engine.stats()["prefill_rows"] == "torch"
     finally:
         engine.close()
     engine = Engine.from_config(EngineConfig(dtype="bfloat16", native_decode=False, check_exact_reuse=False))

@@ -34,9 +34,10 @@ def test_fingerprint_is_stable_and_names_everything_kv_depends_on():
         _fp(model, dtype="bfloat16"),
         _fp(model, kv_dtype="int8"),
         _fp(model, weights="int8"),
+        _fp(model, kernels="native 0123abcd"),  # other kernels compute the KV: other bits
         _fp(_tiny(seed=1)),  # other weights
     }
-    assert base not in others and len(others) == 5
+    assert base not in others and len(others) == 6
     with torch.no_grad():
         model.model.layers[0].self_attn.k_proj.weight[0, 0] += 1.0  # a fine-tune touches every sampled weight
     assert _fp(model) != base

@@ -10,18 +10,10 @@ from pathlib import Path
 from typing import Any
 
 if sys.argv[1:2] == ["serve"]:
-    # without the native decode step (it needs AVX512-BF16), decode runs the layer loop, whose OpenMP
-    # threads, spinning between its many parallel regions, hold the cores the event loop needs (decode
-    # several times slower on 2 cores): they wait passively. The native step has a team of its own,
-    # and libgomp's default (a short spin, then sleep) spares a prefill's operations a wake-up each.
-    # Read once, when torch loads: set before it (the flags read without torch).
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            native_cpu = any(line.startswith("flags") and "avx512_bf16" in line.split() for line in cpuinfo)
-    except OSError:
-        native_cpu = False
-    if not native_cpu:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # the server's OpenMP threads wait passively between parallel regions: spinning, they hold the
+    # cores the event loop and the engine's own thread need, and a decode step stalls for whole
+    # scheduler slices (several times slower on 2 cores). Read once, when torch loads: set before it.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer
 from rich.console import Console

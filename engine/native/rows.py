@@ -32,7 +32,14 @@ log = logging.getLogger(__name__)
 
 
 class NativeRows:
-    """The native row operations for one model's geometry."""
+    """The native row operations, with one model's RMSNorm epsilon.
+
+    Example:
+        >>> rows = NativeRows.of(torch.bfloat16, eps=1e-5)                # doctest: +SKIP
+        >>> q, k = rows.rope(qkv, cos, sin, heads=9, kv_heads=3)          # doctest: +SKIP
+        >>> rows.silu_mul(gate_up).shape[1] == gate_up.shape[1] // 2     # doctest: +SKIP
+        True
+    """
 
     def __init__(self, module: Any, eps: float) -> None:
         self._module = module

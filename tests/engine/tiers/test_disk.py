@@ -266,6 +266,7 @@ def test_a_full_disk_is_a_skipped_write_not_an_error(loaded_model, expected, pro
         assert eng.stats()["disk"]["write_errors"] >= 1
         assert any("cannot write" in rec.message for rec in caplog.records)
         assert eng.generate(prompt, GREEDY).cached_tokens == len(prompt) - 1  # RAM still serves
+        assert eng.disk.flush(60)  # that request's writes too: a temp file exists while one is under way
         assert not [p for p in small_tmpfs.rglob("*") if p.is_file()]
     finally:
         eng.close()

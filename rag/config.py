@@ -25,6 +25,7 @@ from rag.prompt.assembler import DEFAULT_SYSTEM_PROMPT
 from rag.prompt.order import ChunkOrder
 from rag.query import check_top_k
 from rag.retrieval.embedder import DEFAULT_EMBEDDER, LongTexts
+from rag.retrieval.rerank import RERANK_WEIGHT
 from rag.types import check_collection
 
 STORE_SCHEMES = ("postgresql", "postgres")
@@ -119,9 +120,9 @@ class RAGConfig(BaseModel):
     reranker_model: str | None = Field(
         default=None, description="local model dir for reranker='cross-encoder'"
     )
-    rerank_candidates: int = Field(default=20, gt=0, description="first-stage hits handed to the reranker")
+    rerank_candidates: int = Field(default=12, gt=0, description="first-stage hits handed to the reranker")
     rerank_weight: float = Field(
-        default=0.3, ge=0.0, le=1.0, description="embedding reranker: share of the window score"
+        default=RERANK_WEIGHT, ge=0.0, le=1.0, description="embedding reranker: share of the window score"
     )
     # index
     index_kind: Literal["auto", "flat", "hnsw"] = "auto"

@@ -62,15 +62,15 @@ def run_quality_bench(
     say = advance or (lambda _msg: None)
     started = time.perf_counter()
     items = select_items(load_qa_set(), config.quality_questions, config.seed)
-    settings = list(settings or quality_settings(config))
+    settings = list(settings or quality_settings(config, reranks=kb.config.reranker != "none"))
     if settings[0].name != REFERENCE:
         raise ValueError(f"the first setting must be the reference ({REFERENCE!r}), got {settings[0].name!r}")
     matrix = set(sample_indices(len(items), min(config.quality_matrix_questions, len(items))))
     settings = [s for s in settings if matrix or not s.matrix]  # no slice: those rows' engines are not built
-    ranked = {False: rank_items(items, kb, config.top_k)}
-    if any(s.rerank for s in settings):
-        ranked[True] = rank_items(items, kb, config.top_k, rerank=True)
-    stream = ranked[False]
+    ranked: dict[bool | None, list[RankedItem]] = {None: rank_items(items, kb, config.top_k)}
+    for rerank in {s.rerank for s in settings} - {None}:
+        ranked[rerank] = rank_items(items, kb, config.top_k, rerank=rerank)
+    stream = ranked[None]
     params = RAGConfig().sampling_params(max_tokens=config.quality_answer_tokens)
     engines = _engines(loaded, settings)
     rows = {s.name: SettingOutcomes(s.name) for s in settings}
@@ -165,7 +165,7 @@ def _waves(n: int) -> list[list[int]]:
 
 
 def _runs(setting: QualitySetting, in_matrix: bool, r: RankedItem) -> bool:
-    return (in_matrix or not setting.matrix) and (r.item.kind == "corpus" or not setting.rerank)
+    return (in_matrix or not setting.matrix) and (r.item.kind == "corpus" or setting.rerank is None)
 
 
 def _job(
@@ -231,4 +231,5 @@ def _describe(s: QualitySetting) -> dict[str, Any]:
         "matrix": s.matrix,
         "cache": "fresh namespace per question" if s.namespace is None else s.namespace,
         "default_chunks": s.reuse == ChunkReuse(),
+        "rerank": s.rerank,
     }

@@ -54,16 +54,23 @@ def quality_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
             )
     for name, row in rows.items():
         if row["group"] == "retrieval" and row.get("questions"):
-            diff = row["vs_reference"]
-            out.append(
-                _target(
-                    f"{name}: answer accuracy no lower than without it (same questions)",
-                    diff,
-                    diff >= 0,
-                    f"{_pct(row['accuracy'])} vs {_pct(row['reference_accuracy'])}",
-                )
-            )
+            out.append(_reranker_target(name, row))
     return out
+
+
+def _reranker_target(name: str, row: dict[str, Any]) -> dict[str, Any]:
+    """The reranker's answer accuracy against the first stage alone, on the corpus questions; the row
+    is the reranked one where the default does not rerank, the first stage alone where it does."""
+    with_it, without = (row["accuracy"], row["reference_accuracy"])
+    if row.get("rerank") is False:  # the reference reranks
+        with_it, without = without, with_it
+    who = "the embedding reranker (default)" if row.get("rerank") is False else name
+    return _target(
+        f"{who}: answer accuracy no lower than without it (same questions)",
+        with_it - without,
+        with_it >= without,
+        f"{_pct(with_it)} with it vs {_pct(without)} without",
+    )
 
 
 def quality_markdown(res: dict[str, Any]) -> str:

@@ -9,7 +9,8 @@
   engine's default setting on every question, the others on the matrix slice (``quality_every_strategy``,
   part of ``--full``: every strategy at the default budget on every question);
 * float32 / bfloat16 / int8 weights and each KV storage format, as full prefill;
-* full prefill with the embedding reranker in the corpus questions' retrieval.
+* full prefill with the other retrieval in the corpus questions: the embedding reranker where the
+  knowledge base's default does not rerank, the first stage alone where it does.
 
 Rows marked ``matrix`` run on the matrix slice of the questions only (they cost a full prefill each).
 
@@ -44,7 +45,7 @@ class QualitySetting:
     reuse: str | ChunkReuse = "prefix"
     namespace: str | None = None
     matrix: bool = False
-    rerank: bool = False
+    rerank: bool | None = None  # the corpus questions' reranking; None: the knowledge base's default
 
     @property
     def label(self) -> str:
@@ -79,8 +80,9 @@ def _at_default_budget(s: ChunkReuse) -> bool:
     return s.strategy not in SHARED_STRATEGIES or s.share == DEFAULT_SHARE
 
 
-def quality_settings(config: BenchConfig) -> list[QualitySetting]:
-    """Every row, the reference first."""
+def quality_settings(config: BenchConfig, reranks: bool = False) -> list[QualitySetting]:
+    """Every row, the reference first; ``reranks``: whether the knowledge base's default retrieval
+    reranks (the retrieval row is then the first stage alone)."""
     rows = [
         QualitySetting(REFERENCE, "reference", "reference", "relevance"),
         QualitySetting("prefix, cache order, after warm()", "order", WARM, "cache", namespace=WARM_NAMESPACE),
@@ -113,13 +115,12 @@ def quality_settings(config: BenchConfig) -> list[QualitySetting]:
         QualitySetting("int8 weights", "weights", "int8", "relevance", matrix=True),
         QualitySetting("bfloat16 KV", "kv", "kv-bfloat16", "relevance", matrix=True),
         QualitySetting("int8 KV", "kv", "kv-int8", "relevance", matrix=True),
-        QualitySetting(
-            "full prefill, embedding reranker",
+        QualitySetting(  # every corpus question (retrieval decides nothing on the synthetic ones)
+            "full prefill, first stage only" if reranks else "full prefill, embedding reranker",
             "retrieval",
             "reference",
             "relevance",
-            matrix=True,
-            rerank=True,
+            rerank=not reranks,
         ),
     ]
     return rows

@@ -28,6 +28,10 @@ from rag.retrieval.embedder import Embedder, _hub_offline
 from rag.retrieval.windows import WINDOW_OVERLAP, WINDOW_TOKENS, WindowCache, WindowSource, WindowVectors
 from rag.types import ScoredChunk
 
+# The window score's share in the fused score, chosen with the candidate count (RAGConfig) on the
+# retrieval set's tune split only.
+RERANK_WEIGHT = 0.2
+
 
 @runtime_checkable
 class Reranker(Protocol):
@@ -63,7 +67,7 @@ class EmbeddingReranker:
     without one they are embedded on first sight and kept per chunk id (``WindowCache``).
 
     Example:
-        >>> reranker = EmbeddingReranker(Embedder(), Chunker(), weight=0.3)   # doctest: +SKIP
+        >>> reranker = EmbeddingReranker(Embedder(), Chunker(), weight=0.2)   # doctest: +SKIP
         >>> [h.chunk_id for h in reranker.rerank(query, hits, top_k=4)]      # doctest: +SKIP
     """
 
@@ -71,7 +75,7 @@ class EmbeddingReranker:
         self,
         embedder: Embedder,
         chunker: Chunker | None = None,
-        weight: float = 0.3,
+        weight: float = RERANK_WEIGHT,
         window_tokens: int = WINDOW_TOKENS,
         window_overlap: int = WINDOW_OVERLAP,
         cache_size: int = 4096,

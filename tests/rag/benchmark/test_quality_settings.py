@@ -15,7 +15,23 @@ def _every_question(full: bool) -> set[str]:
 
 def test_default_run_asks_every_question_of_the_reference_the_warm_prefix_and_the_engine_default():
     default_chunks = f"chunks, {ChunkReuse().label}"
-    assert _every_question(False) == {REFERENCE, "prefix, cache order, after warm()", default_chunks}
+    reranked = "full prefill, embedding reranker"  # every question it runs: the corpus ones
+    assert _every_question(False) == {
+        REFERENCE,
+        "prefix, cache order, after warm()",
+        default_chunks,
+        reranked,
+    }
+
+
+def test_the_retrieval_row_is_the_other_choice_than_the_default():
+    config = bench_config(False, {"full": False})
+    plain, reranking = (
+        next(r for r in quality_settings(config, reranks=flag) if r.group == "retrieval")
+        for flag in (False, True)
+    )
+    assert (plain.name, plain.rerank) == ("full prefill, embedding reranker", True)
+    assert (reranking.name, reranking.rerank) == ("full prefill, first stage only", False)
 
 
 def test_full_run_asks_every_question_of_every_strategy_at_the_default_budget_only():

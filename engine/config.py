@@ -209,7 +209,7 @@ class EngineConfig(BaseModel):
         default=DEFAULT_STRATEGY,
         description="chunks mode: which reused chunk tokens are recomputed so chunks see each other: "
         "'none', 'boundary' (each chunk's first token), 'first' (each chunk's first tokens), 'edges' (its "
-        "first and last), 'deviation' (CacheBlend: most deviating K/V), 'query' (what the question "
+        "first and last), 'tail' (the tokens nearest the question), 'first_tail' (half each), 'deviation' (CacheBlend: most deviating K/V), 'query' (what the question "
         "attends to most); see engine.chunks.reuse.ChunkReuse",
     )
     chunk_recompute_share: float = Field(

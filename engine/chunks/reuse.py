@@ -26,15 +26,16 @@ if TYPE_CHECKING:
 
 ReuseMode = Literal["prefix", "chunks"]
 # each name is a selector in engine.chunks.selection's registry (a test holds the two in step)
-RecomputeStrategy = Literal["none", "boundary", "first", "edges", "deviation", "query"]
+RecomputeStrategy = Literal["none", "boundary", "first", "edges", "tail", "first_tail", "deviation", "query"]
 REUSE_MODES: tuple[str, ...] = get_args(ReuseMode)
 STRATEGIES: tuple[str, ...] = get_args(RecomputeStrategy)
 # strategies whose budget is ``share``; ``none`` and ``boundary`` recompute a fixed set
-SHARED_STRATEGIES = frozenset({"first", "edges", "deviation", "query"})
+SHARED_STRATEGIES = frozenset({"first", "edges", "tail", "first_tail", "deviation", "query"})
 # strategies that select by looking at ``select_layer``
 LAYERED_STRATEGIES = frozenset({"deviation", "query"})
 
-DEFAULT_STRATEGY: RecomputeStrategy = "first"
+# the QA set's best at the default budget (docs/benchmarks/report.md, answer quality)
+DEFAULT_STRATEGY: RecomputeStrategy = "first_tail"
 DEFAULT_SHARE = 0.2
 DEFAULT_SELECT_LAYER = 1
 # RoPE variants whose rotation by p then by d equals the rotation by p + d (position-linear angles,
@@ -49,7 +50,9 @@ class ChunkReuse:
     ``strategy`` (each a selector of ``engine.chunks.selection``): ``none`` (the naive stitch),
     ``boundary`` (one token per reused chunk: its first, where it meets what precedes it), ``first``
     (the first ``share`` of every reused chunk's tokens: each chunk's own attention sink), ``edges``
-    (its first and last tokens, ``share`` split between them), ``deviation`` (CacheBlend: the ``share``
+    (its first and last tokens, ``share`` split between them), ``tail`` (the ``share`` of reused tokens
+    nearest the question, counted back from the last chunk's end), ``first_tail`` (half the ``share`` as ``first``, the
+    rest as ``tail``), ``deviation`` (CacheBlend: the ``share``
     of reused tokens whose keys/values deviate most from a fresh computation at ``select_layer``; the
     layers below it are recomputed for every chunk token), ``query`` (ProphetKV-style: the ``share`` of
     reused tokens the question attends to most at ``select_layer``). The question, chunk markers and

@@ -92,11 +92,11 @@ class ChunkRun:
 
 
 def chunk_settings(config: BenchConfig) -> list[ChunkReuse]:
-    """The naive stitch, then positional and deviation selection at each budget (equal budgets), the
-    engine's default setting among them."""
+    """The naive stitch, then the engine's default strategy, ``first`` and deviation selection at each
+    budget (equal budgets)."""
     shares = sorted({*config.chunks_budgets, ChunkReuse().share})
     out = [ChunkReuse("none", 0.0)]
-    for strategy in ("first", "deviation"):
+    for strategy in dict.fromkeys((ChunkReuse().strategy, "first", "deviation")):
         out += [ChunkReuse(strategy, share) for share in shares]
     return out
 

@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-STRATEGY_COLORS = {"first": "#ff7f0e", "deviation": "#1f77b4"}
+STRATEGY_COLORS = {"first_tail": "#2ca02c", "first": "#ff7f0e", "deviation": "#1f77b4"}
 NAIVE_COLOR = "#d62728"
 KL_TARGET, SPEEDUP_TARGET = 0.03, 5.0
 

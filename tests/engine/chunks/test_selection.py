@@ -59,6 +59,7 @@ def test_every_declared_strategy_has_a_selector():
         (ChunkReuse("none", 0.0), "none"),
         (ChunkReuse("boundary", 0.3), "boundary"),
         (ChunkReuse("edges", 0.2), "edges 20%"),
+        (ChunkReuse("tail", 0.3), "tail 30%"),
         (ChunkReuse("query", 0.1, select_layer=2), "query 10% @2"),
     ],
 )
@@ -71,7 +72,7 @@ def test_engine_config_reads_the_former_layer_name():
     assert EngineConfig(chunk_select_layer=2).chunk_reuse().select_layer == 2
 
 
-@pytest.mark.parametrize("strategy", ["first", "deviation", "query"])
+@pytest.mark.parametrize("strategy", ["first", "tail", "first_tail", "deviation", "query"])
 def test_recomputing_every_reused_token_equals_full_prefill(stitch, strategy):
     out, plan, reference = stitch(ChunkReuse(strategy, 1.0))  # type: ignore[arg-type]
     assert out.recomputed_tokens == plan.reused_tokens and out.stitched_tokens == 0
@@ -79,7 +80,7 @@ def test_recomputing_every_reused_token_equals_full_prefill(stitch, strategy):
     assert out.deviation == 0.0  # the question read no stitched KV
 
 
-@pytest.mark.parametrize("strategy", ["deviation", "query"])
+@pytest.mark.parametrize("strategy", ["tail", "first_tail", "deviation", "query"])
 def test_selecting_strategies_recompute_their_share(stitch, strategy):
     out, plan, _ = stitch(ChunkReuse(strategy, 0.25))  # type: ignore[arg-type]
     assert out.recomputed_tokens == int(0.25 * plan.reused_tokens)  # rounded down: never over
@@ -146,3 +147,26 @@ def test_chunks_mode_results_carry_the_estimate(engine_chunks):
     assert r.stitched_tokens > 0 and r.stitch_deviation is not None and 0 < r.stitch_deviation < 1
     exact = engine_chunks.generate(ids, GREEDY, namespace="estimate", chunk_spans=spans, reuse="prefix")
     assert exact.stitch_deviation is None
+
+
+def test_tail_recomputes_the_reused_tokens_nearest_the_question():
+    from engine.chunks.positional import tail_tokens
+
+    plan = plan_stitch(60, [(2, 12), (13, 23), (24, 44), (45, 55)], cached=0)
+    reused = [p for run in plan.runs for p in range(run.start, run.end)]
+    picks = tail_tokens(plan, 0.5)
+    assert picks == reused[-len(reused) // 2 :] and picks[-1] == 54  # the last chunk whole, then back
+    assert tail_tokens(plan, 0.0) == [] and tail_tokens(plan, 0.01) == [54]
+
+
+def test_first_tail_gives_each_chunk_its_sink_and_the_rest_of_the_budget_to_the_tail():
+    from engine.chunks.positional import first_tail_tokens, first_tokens
+
+    plan = plan_stitch(60, [(2, 12), (13, 23), (24, 44), (45, 55)], cached=0)
+    picks = first_tail_tokens(plan, 0.4)
+    heads = first_tokens(plan, 0.2)
+    assert set(heads) < set(picks) and len(picks) == int(0.4 * plan.reused_tokens)
+    tail = sorted(set(picks) - set(heads))
+    assert tail[-1] == 54 and tail == list(
+        range(tail[0], 55)
+    )  # the rest: the reused tokens nearest the question

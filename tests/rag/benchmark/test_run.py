@@ -61,7 +61,7 @@ TINY = BenchConfig.quick_run(
     quality_answer_tokens=6,
     quality_kl_positions=2,
     quality_budgets=(0.2,),
-    quality_strategies=("none", "first"),
+    quality_strategies=("none", "first_tail"),
     retrieval_section=True,
     retrieval_scale_chunks=500,
     exactness_section=False,  # tests/rag/benchmark/test_exactness_section.py runs it
@@ -353,7 +353,7 @@ def test_quality_section_scores_every_setting_against_full_prefill(run):
         if row["reuse"] == "prefix" and row["same_prompt_questions"]:  # exact reuse: the same answers
             assert row["same_prompt_equal"] == 1.0, name
     chunks = [r for r in rows.values() if r["reuse"] == "chunks"]
-    assert [r["setting"] for r in chunks] == ["none", "first 20%"]
+    assert [r["setting"] for r in chunks] == ["none", "first_tail 20%"]
     assert all(r["reuse_share"] > r["hit_rate"] for r in chunks)  # stitched chunks on top of the prefix
     assert rows["prefix, cache order, after warm()"]["hit_rate"] > 0  # warmed placements reused
     report = (out / "report.md").read_text()

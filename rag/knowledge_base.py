@@ -315,6 +315,10 @@ class KnowledgeBase:
         """Search for a checked query (``self.query(...)``, ``Query.of``): first stage, then the
         reranker when enabled (``rerank``; default: the config's). Nothing is checked again."""
         use_reranker = self.config.reranker != "none" if rerank is None else rerank
+        if use_reranker and self.config.reranker == "none":
+            raise ValueError(
+                "rerank=True, but this knowledge base has no reranker (RAGConfig(reranker='none'))"
+            )
         t0 = time.perf_counter()
         depth = max(query.top_k, self.config.rerank_candidates) if use_reranker else query.top_k
         with self._lock:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from rag.evaluation.qa_set import KINDS, QAItem
 from rag.knowledge_base import KnowledgeBase
+from rag.retrieval.rerank import EmbeddingReranker, Reranker
 from rag.types import ScoredChunk
 
 
@@ -57,8 +58,15 @@ def rank_items(
     items: Sequence[QAItem], kb: KnowledgeBase, top_k: int, rerank: bool | None = None
 ) -> list[RankedItem]:
     """Every item with its ranked chunks; ``rerank`` (None: the knowledge base's config) applies to
-    the corpus items' retrieval only."""
-    return [RankedItem(item, tuple(_hits(item, kb, top_k, rerank))) for item in items]
+    the corpus items' retrieval only; ``True`` over a knowledge base without a reranker: the
+    embedding reranker at the config's knobs over the window vectors (computed now where missing)."""
+    reranker = _embedding_reranker(kb) if rerank and kb.config.reranker == "none" else None
+    return [RankedItem(item, tuple(_hits(item, kb, top_k, rerank, reranker))) for item in items]
+
+
+def _embedding_reranker(kb: KnowledgeBase) -> Reranker:
+    kb.fill_windows()
+    return EmbeddingReranker(kb.embedder, kb.chunker, weight=kb.config.rerank_weight, source=kb)
 
 
 def unique_chunks(ranked: Sequence[RankedItem]) -> list[ScoredChunk]:
@@ -70,7 +78,12 @@ def unique_chunks(ranked: Sequence[RankedItem]) -> list[ScoredChunk]:
     return list(seen.values())
 
 
-def _hits(item: QAItem, kb: KnowledgeBase, top_k: int, rerank: bool | None) -> list[ScoredChunk]:
+def _hits(
+    item: QAItem, kb: KnowledgeBase, top_k: int, rerank: bool | None, reranker: Reranker | None
+) -> list[ScoredChunk]:
+    if item.kind == "corpus" and reranker is not None:
+        first = kb.search(item.question, max(top_k, kb.config.rerank_candidates), rerank=False)
+        return reranker.rerank(item.question, first, top_k)
     if item.kind == "corpus":
         return kb.search(item.question, top_k, rerank=rerank)
     distractors = iter(_distractor(kb, topic, index) for topic, index in item.distractors)

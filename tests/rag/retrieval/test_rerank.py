@@ -84,3 +84,27 @@ def test_kb_uses_the_configured_reranker(make_kb):
     assert kb.search("Eiffel", top_k=1, rerank=False)[0].doc_id == "paris.html"
     timed = kb.search_timed("when was the Eiffel Tower finished?", top_k=2)
     assert timed.hits == hits and timed.retrieve_ms > 0 and timed.rerank_ms > 0
+
+
+def test_asking_a_knowledge_base_without_a_reranker_to_rerank_is_an_error_not_a_no_op(make_kb):
+    from tests.rag.corpus import SMALL_CORPUS
+
+    kb = make_kb()
+    kb.add_documents(SMALL_CORPUS)
+    with pytest.raises(ValueError, match="no reranker"):
+        kb.search("Eiffel", top_k=1, rerank=True)
+    assert kb.search("Eiffel", top_k=1)[0].doc_id == "paris.html"  # the default: the first stage
+
+
+def test_the_quality_sections_reranked_ranking_reranks_over_a_first_stage_default(make_kb):
+    from rag.benchmark.quality_items import rank_items
+    from rag.evaluation.qa_set import load_qa_set
+    from tests.rag.corpus import SMALL_CORPUS
+
+    kb = make_kb(rerank_candidates=3)
+    kb.add_documents(SMALL_CORPUS)
+    corpus = [i for i in load_qa_set() if i.kind == "corpus"][:3]
+    reranker = EmbeddingReranker(kb.embedder, kb.chunker, weight=kb.config.rerank_weight, source=kb)
+    for ranked in rank_items(corpus, kb, top_k=2, rerank=True):
+        first = kb.search(ranked.item.question, top_k=3, rerank=False)
+        assert list(ranked.hits) == reranker.rerank(ranked.item.question, first, top_k=2)

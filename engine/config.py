@@ -209,8 +209,9 @@ class EngineConfig(BaseModel):
         default=DEFAULT_STRATEGY,
         description="chunks mode: which reused chunk tokens are recomputed so chunks see each other: "
         "'none', 'boundary' (each chunk's first token), 'first' (each chunk's first tokens), 'edges' (its "
-        "first and last), 'tail' (the tokens nearest the question), 'first_tail' (half each), 'deviation' (CacheBlend: most deviating K/V), 'query' (what the question "
-        "attends to most); see engine.chunks.reuse.ChunkReuse",
+        "first and last), 'tail' (the tokens nearest the question), 'first_tail' (half each), 'deviation' "
+        "(CacheBlend: most deviating K/V), 'query' (what the question attends to most); see "
+        "engine.chunks.reuse.ChunkReuse",
     )
     chunk_recompute_share: float = Field(
         default=DEFAULT_SHARE, ge=0, le=1, description="chunks mode: share of reused chunk tokens recomputed"

@@ -11,8 +11,8 @@
 * ``first_tail``: half the ``share`` as ``first`` (each chunk's sink), the rest of the budget as
   ``tail`` among the tokens ``first`` left.
 
-``first`` and ``edges`` count a chunk's tokens from its own start (a run may begin later, where the exact prefix
-match ended), rounded down, one token at least per end where the share is above zero.
+``first`` and ``edges`` count a chunk's tokens from its own start (a run may begin later, where the
+exact prefix match ended), rounded down, one token at least per end where the share is above zero.
 
 Example:
     >>> from engine.chunks.plan import plan_stitch
@@ -57,6 +57,17 @@ def tail_tokens(plan: StitchPlan, share: float) -> list[int]:
     return reused[len(reused) - max(1, int(share * len(reused))) :]
 
 
+def first_tail_tokens(plan: StitchPlan, share: float) -> list[int]:
+    """``first`` at half of ``share``, then the reused tokens nearest the question it left, up to
+    ``share`` of the reused tokens in all (ascending)."""
+    if share <= 0:
+        return []
+    heads = set(first_tokens(plan, share / 2))
+    extra = int(share * plan.reused_tokens) - len(heads)
+    rest = [p for run in plan.runs for p in range(run.start, run.end) if p not in heads]
+    return sorted(heads.union(rest[len(rest) - extra :] if extra > 0 else []))
+
+
 def boundary_tokens(plan: StitchPlan) -> list[int]:
     """Each reused chunk's first token (where the run holds it)."""
     return [p for run in plan.runs for p in _head(run, 1)]
@@ -99,17 +110,6 @@ class EdgeTokens:
 class TailTokens:
     def select(self, ctx: StitchContext) -> Selection:
         return from_layer_zero(ctx, tail_tokens(ctx.plan, ctx.policy.share))
-
-
-def first_tail_tokens(plan: StitchPlan, share: float) -> list[int]:
-    """``first`` at half of ``share``, then the reused tokens nearest the question it left, up to
-    ``share`` of the reused tokens in all (ascending)."""
-    if share <= 0:
-        return []
-    heads = set(first_tokens(plan, share / 2))
-    budget = max(len(heads), int(share * plan.reused_tokens))
-    rest = [p for run in plan.runs for p in range(run.start, run.end) if p not in heads]
-    return sorted(heads | set(rest[len(rest) - (budget - len(heads)) :] if budget > len(heads) else []))
 
 
 @register("first_tail")

@@ -11,7 +11,7 @@ Example:
     >>> ChunkReuse(strategy="first", share=0.1).share
     0.1
     >>> resolve_reuse("chunks", ChunkReuse()).strategy
-    'first'
+    'first_tail'
     >>> resolve_reuse("prefix", ChunkReuse()) is None
     True
 """
@@ -51,12 +51,12 @@ class ChunkReuse:
     ``boundary`` (one token per reused chunk: its first, where it meets what precedes it), ``first``
     (the first ``share`` of every reused chunk's tokens: each chunk's own attention sink), ``edges``
     (its first and last tokens, ``share`` split between them), ``tail`` (the ``share`` of reused tokens
-    nearest the question, counted back from the last chunk's end), ``first_tail`` (half the ``share`` as ``first``, the
-    rest as ``tail``), ``deviation`` (CacheBlend: the ``share``
-    of reused tokens whose keys/values deviate most from a fresh computation at ``select_layer``; the
-    layers below it are recomputed for every chunk token), ``query`` (ProphetKV-style: the ``share`` of
-    reused tokens the question attends to most at ``select_layer``). The question, chunk markers and
-    anything not cached are always computed.
+    nearest the question, counted back from the last chunk's end), ``first_tail`` (half the ``share``
+    as ``first``, the rest as ``tail``), ``deviation`` (CacheBlend: the ``share`` of reused tokens
+    whose keys/values deviate most from a fresh computation at ``select_layer``; the layers below it
+    are recomputed for every chunk token), ``query`` (ProphetKV-style: the ``share`` of reused tokens
+    the question attends to most at ``select_layer``). The question, chunk markers and anything not
+    cached are always computed.
 
     Example:
         >>> ChunkReuse(strategy="query", share=0.2, select_layer=2)

@@ -143,7 +143,8 @@ class BenchConfig(BaseModel):
     chunks_section: bool = True
     chunks_requests: int = Field(default=8, ge=2, description="TTFT: the first n requests of the stream")
     chunks_budgets: tuple[float, ...] = Field(
-        default=(DEFAULT_SHARE,), description="recompute shares, each run with 'first' and 'deviation'"
+        default=(DEFAULT_SHARE,),
+        description="recompute shares, each run with the default strategy, 'first' and 'deviation'",
     )
     chunks_fidelity_prompts: int = Field(
         default=2, ge=1, description="stream prompts compared to full prefill (answers: the quality section)"

@@ -72,6 +72,13 @@ def choose_dtype(requested: str, flags: dict[str, bool] | None = None) -> DTypeC
     return DTypeChoice("bfloat16", f"auto: the CPU has {', '.join(present)} (native bfloat16 matmuls)")
 
 
+def bfloat16_emulated() -> str | None:
+    """Why bfloat16 matmuls would be emulated in this process (``"auto"`` picks float32), or None
+    where they run natively; the benchmark skips bfloat16 rows with this reason."""
+    auto = choose_dtype("auto")
+    return None if auto.dtype == "bfloat16" else auto.reason.removeprefix("auto: ")
+
+
 def engine_dtype(requested: str, model_dtype: str) -> DTypeChoice:
     """What an engine built around an already loaded model computes in: the model's dtype, with the
     reason ``requested`` gives when it agrees, else that the caller loaded the model so."""

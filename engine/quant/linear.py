@@ -16,7 +16,8 @@ shape class the runner uses, against the same operands multiplied in float64, wh
     instructions; without them its 16-bit pair sums saturate;
   * ``fbgemm`` (uint8 activations at 63 levels around zero point 64, so no pair of products can
     exceed 16 bits, in calls of at most ``FBGEMM_ROWS`` rows): the fallback elsewhere.
-The first exact backend is used; with none, :func:`int8_supported` says why and int8 is refused.
+The first exact backend in :func:`backend_order` is used; with none, :func:`int8_supported` says why and
+int8 is refused.
 
 Example:
     >>> w = quantize_weight(torch.randn(960, 576))
@@ -34,6 +35,8 @@ from typing import Any, Literal
 
 import torch
 
+from engine.isa import cpu_flags
+
 Int8Backend = Literal["onednn", "fbgemm"]
 ONEDNN_LEVELS = 127  # int8 activations: round(v * 127) for v in [-1, 1]
 FBGEMM_LEVELS = 63  # uint8 activations: round(v * 63) + 64, in [1, 127]: a product pair fits 16 bits
@@ -41,6 +44,7 @@ _FBGEMM_ZERO_POINT = 64
 FBGEMM_ROWS = 512  # fbgemm takes another, inexact path for larger calls on some CPUs
 _WEIGHT_LEVELS = 127  # symmetric: -127..127, zero point 0
 RESCORE_TOP = 32  # int8 logits whose exact float value is recomputed: the greedy pick and most of the mass
+_INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})  # /proc/cpuinfo: int8 dot products
 _TINY = torch.finfo(torch.float32).tiny  # an all-zero row divides by this and stays zero
 # matmul shapes (rows, in, out) the probe checks: decode rows, one tile, prefill calls, a wide output
 _PROBE_SHAPES = ((1, 576, 960), (8, 1536, 576), (16, 576, 8192), (512, 576, 960), (1024, 1536, 576))
@@ -85,12 +89,30 @@ def int8_supported() -> str | None:
 def int8_backend() -> Int8Backend | None:
     """The first backend whose integer matmul is exact on this machine (checked once per process)."""
     forced = os.environ.get("PREFIXRAG_INT8_BACKEND")  # for tests of each code path
-    for backend in ("onednn", "fbgemm"):
+    for backend in backend_order():
         if forced and backend != forced:
             continue
         if backend_available(backend) and backend_is_exact(backend):
             return backend
     return None
+
+
+def backend_order(flags: frozenset[str] | None = None) -> tuple[Int8Backend, Int8Backend]:
+    """oneDNN first where the CPU has int8 dot-product instructions (VNNI, AMX-INT8) and oneDNN may
+    use them; elsewhere fbgemm first, because oneDNN's int8 matmul without them either saturates or,
+    exact, runs a reference kernel several times slower than fbgemm's AVX2 one.
+
+    Example:
+        >>> backend_order(frozenset({"avx2"}))
+        ('fbgemm', 'onednn')
+        >>> backend_order(frozenset({"avx2", "avx512_vnni"}))
+        ('onednn', 'fbgemm')
+    """
+    flags = cpu_flags() if flags is None else flags
+    limit = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    # oneDNN's ISA names from AVX512_CORE_VNNI up (BF16, AMX) include the int8 dot products
+    allowed = limit == "ALL" or any(name in limit for name in ("VNNI", "BF16", "AMX"))
+    return ("onednn", "fbgemm") if allowed and flags & _INT8_DOT_FLAGS else ("fbgemm", "onednn")
 
 
 def _why_unsupported() -> str:

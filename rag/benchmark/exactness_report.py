@@ -44,7 +44,10 @@ def exactness_markdown(res: dict[str, Any]) -> str:
                 f"| {runner.get('attention_tiles') or '-'} |"
             )
             label, extra = "", ""
-    lines += ["", _cost_table(sec["cost"]), "", _int8_table(sec["int8_kernels"])]
+    lines += ["", _cost_table(sec["cost"])]
+    for dtype, why in sec.get("cost_not_run", {}).items():
+        lines += ["", f"{dtype}: {why}."]
+    lines += ["", _int8_table(sec["int8_kernels"])]
     return "\n".join(lines)
 
 

@@ -22,10 +22,14 @@ from typing import Any
 
 import torch
 
+from engine.dtype import bfloat16_emulated
 from engine.kv.codec import KVGeometry
+from engine.quant.linear import int8_backend, integer_matmul, pack_for
 
 BUFFER_BYTES = 2 << 30  # larger than any last-level cache here (this project's VMs have up to 300 MB)
 MATMUL_SIZE = 2048  # square GEMM: compute-bound for every dtype on CPU
+# bfloat16 where the CPU emulates it (about 1 GFLOP/s on AVX2): still compute-bound, in seconds not minutes
+EMULATED_SIZE = 512
 REPEATS = 5
 
 
@@ -43,24 +47,29 @@ def physical_limits(
     buffer_bytes: int = BUFFER_BYTES, matmul_size: int = MATMUL_SIZE, repeats: int = REPEATS
 ) -> dict[str, Any]:
     """Memory bandwidth (GB/s: a read loop, a copy loop counting bytes read plus written) and the
-    matmul peak (GFLOP/s, int8: GOP/s) per dtype, at torch's current thread count."""
+    matmul peak (GFLOP/s, int8: GOP/s on the integer matmul int8 weights run on, absent where int8 is
+    refused) per dtype, at torch's current thread count."""
     with torch.inference_mode():
         read_s, copy_s = _bandwidth(buffer_bytes, repeats)
         n = matmul_size
         peaks: dict[str, float] = {}
+        sizes = {"float32": n, "bfloat16": min(n, EMULATED_SIZE) if bfloat16_emulated() else n}
         for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-            a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-            peaks[name] = 2 * n**3 / _best(_product(torch.matmul, a, b), repeats) / 1e9
-        if hasattr(torch, "_int_mm"):
-            a8 = torch.randint(-127, 128, (n, n), dtype=torch.int8)
-            b8 = torch.randint(-127, 128, (n, n), dtype=torch.int8)
-            peaks["int8"] = 2 * n**3 / _best(_product(torch._int_mm, a8, b8), repeats) / 1e9
+            m = sizes[name]
+            a, b = torch.randn(m, m).to(dtype), torch.randn(m, m).to(dtype)
+            peaks[name] = 2 * m**3 / _best(_product(torch.matmul, a, b), repeats) / 1e9
+        backend = int8_backend()
+        if backend is not None:  # the integer matmul int8 weights run on (engine.quant)
+            a8 = torch.randint(-63, 64, (n, n), dtype=torch.int8)
+            w8 = pack_for(backend, torch.randint(-127, 128, (n, n), dtype=torch.int8), torch.ones(n))
+            peaks["int8"] = 2 * n**3 / _best(lambda: integer_matmul(backend, a8, w8), repeats) / 1e9
     return {
         "threads": torch.get_num_threads(),
         "buffer_bytes": buffer_bytes,
         "read_gb_s": buffer_bytes / read_s / 1e9,
         "copy_gb_s": 2 * buffer_bytes / copy_s / 1e9,
         "matmul_size": matmul_size,
+        "matmul_sizes": sizes,
         "matmul_gflops": peaks,
     }
 

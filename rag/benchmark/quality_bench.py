@@ -22,6 +22,7 @@ from typing import Any
 
 from engine.chunks.reuse import ChunkReuse
 from engine.config import EngineConfig
+from engine.dtype import bfloat16_emulated
 from engine.engine import Engine
 from engine.models import LoadedModel, load_model
 from rag.benchmark.config import BenchConfig
@@ -67,6 +68,13 @@ def run_quality_bench(
         raise ValueError(f"the first setting must be the reference ({REFERENCE!r}), got {settings[0].name!r}")
     matrix = set(sample_indices(len(items), min(config.quality_matrix_questions, len(items))))
     settings = [s for s in settings if matrix or not s.matrix]  # no slice: those rows' engines are not built
+    emulated = bfloat16_emulated()  # a prompt's prefill would take minutes
+    not_run = {
+        s.name: f"not run, {emulated}"
+        for s in settings
+        if emulated and ENGINE_OPTIONS[s.engine][0] == "bfloat16"
+    }
+    settings = [s for s in settings if s.name not in not_run]
     ranked: dict[bool | None, list[RankedItem]] = {None: rank_items(items, kb, config.top_k)}
     for rerank in {s.rerank for s in settings} - {None}:
         ranked[rerank] = rank_items(items, kb, config.top_k, rerank=rerank)
@@ -111,6 +119,7 @@ def run_quality_bench(
         "agreement_tokens": config.quality_agreement_tokens,
         "kl_positions": config.quality_kl_positions,
         "warm": warm.to_dict(),
+        "not_run": not_run,
         "setup_s": setup_s,
         "seconds": time.perf_counter() - started,
         "settings": {

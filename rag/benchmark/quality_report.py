@@ -107,6 +107,7 @@ def _intro(s: dict[str, Any]) -> str:
             f"Rows marked * ran on an evenly spread slice of {s['matrix_questions']} questions. Warming prefilled "
             f"{warm['warmed']} chunk placements ({warm['tokens']:,} tokens) in {warm['seconds']:.0f} s; the "
             f"section took {s['seconds'] / 60:.1f} min.",
+            *(f"Row '{name}': {why}." for name, why in s.get("not_run", {}).items()),
         ]
     )
 

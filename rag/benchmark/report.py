@@ -421,12 +421,20 @@ def _vllm_line(res: dict[str, Any]) -> str:
     )
 
 
+def _peak(name: str, gflops: float, limits: dict[str, Any]) -> str:
+    size = limits.get("matmul_sizes", {}).get(name, limits["matmul_size"])
+    figure = f"{gflops:.0f}" if gflops >= 10 else f"{gflops:.1f}"
+    return f"{name} {figure}" + (
+        f" ({size}-square: emulated on this CPU)" if size < limits["matmul_size"] else ""
+    )
+
+
 def _limits_lines(eng: dict[str, Any]) -> list[str]:
     """The machine's limits measured in this run, and decode and prefill as shares of them."""
     limits, share = eng.get("limits"), eng.get("shares")
     if not limits or not share:
         return []
-    peaks = ", ".join(f"{name} {gflops:.0f}" for name, gflops in limits["matmul_gflops"].items())
+    peaks = ", ".join(_peak(name, gflops, limits) for name, gflops in limits["matmul_gflops"].items())
     return [
         "",
         f"Physical limits, measured in this run at {limits['threads']} threads: memory read "
@@ -446,6 +454,8 @@ def _dtype_lines(dtypes: dict[str, Any] | None) -> list[str]:
     """float32 against bfloat16, measured side by side on the same prompts."""
     if not dtypes:
         return []
+    if "not_run" in dtypes:
+        return ["", f"float32 against bfloat16: {dtypes['not_run']}."]
     fp32, bf16, up = dtypes["float32"], dtypes["bfloat16"], dtypes["speedup"]
     cpu = ", ".join(f"{flag} {'yes' if has else 'no'}" for flag, has in dtypes["cpu"].items())
     return [

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from engine.dtype import bfloat16_emulated
 from engine.fused import FusedLlamaRunner
 from engine.kv import KVBuffer
 from engine.models import LoadedModel, load_model
@@ -52,7 +53,8 @@ def measure_fidelity(
         REFERENCE: FusedLlamaRunner(loaded.model),
         "int8": FusedLlamaRunner(loaded.model, weights="int8", tokenizer=loaded.tokenizer),
     }
-    if bfloat16:
+    emulated = bfloat16_emulated()  # then its prefills would take minutes
+    if bfloat16 and not emulated:
         runners["bfloat16"] = FusedLlamaRunner(load_model(loaded.model_id, dtype="bfloat16").model)
     shared = _common_prefix(prompts)
     prefixed = {name: _prefilled(r, prompts[0][:shared]) for name, r in runners.items()}
@@ -71,6 +73,8 @@ def measure_fidelity(
         "corpus_tokens": len(corpus),
         REFERENCE: {"perplexity": perplexity(runners[REFERENCE], corpus)},
     }
+    if bfloat16 and emulated:
+        out["bfloat16_not_run"] = f"not run, {emulated}"
     for name in kls:
         out[name] = {
             "greedy_agreement": sum(a == answer_tokens for a in agreed[name]) / len(prompts),

@@ -119,6 +119,8 @@ def _fidelity(f: dict[str, Any]) -> list[str]:
                 f"| {name} | {100 * c['greedy_agreement']:.0f}% | {c['agreed_tokens_mean']:.1f} | "
                 f"{c['kl_mean']:.4f} | {c['kl_max']:.3f} | {c['perplexity']:.3f} ({100 * (c['perplexity'] / p32 - 1):+.2f}%) |"
             )
+    if "bfloat16_not_run" in f:
+        lines += ["", f"bfloat16: {f['bfloat16_not_run']}."]
     return lines
 
 

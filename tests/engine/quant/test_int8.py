@@ -6,6 +6,7 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.fused import FusedLlamaRunner
+from engine.quant.linear import int8_backend
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
 
@@ -72,8 +73,10 @@ def test_next_token_distribution_is_close_to_float32(engine8, engine):
 def test_stats_report_the_weights_and_their_memory(engine8, engine):
     int8, fp32 = engine8.stats(), engine.stats()
     assert (int8["weights"], fp32["weights"]) == ("int8", "float32")
-    # the Linears shrink to a quarter (held twice by fbgemm); the float embedding stays
-    assert int8["weight_bytes"] < 0.75 * fp32["weight_bytes"]
+    # the Linears shrink to a quarter on oneDNN; fbgemm keeps the int8 matrix beside its packed copy
+    # (Int8Weight.nbytes), a half; the float embedding stays
+    bound = 0.75 if int8_backend() == "onednn" else 0.85
+    assert int8["weight_bytes"] < bound * fp32["weight_bytes"]
 
 
 def test_bad_weights_values_are_clear_errors(loaded_model):

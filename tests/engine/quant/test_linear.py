@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.quant.linear import int8_linear, pack_int8, quantize_rows, quantize_weight
+from engine.quant.linear import backend_order, int8_linear, pack_int8, quantize_rows, quantize_weight
 
 pytestmark = pytest.mark.numerics  # also run under each narrower code path (test_isa_paths)
 
@@ -99,3 +99,16 @@ def test_pack_rejects_what_it_cannot_pack():
         pack_int8(torch.zeros(4, 8), torch.ones(4))
     with pytest.raises(ValueError, match="scales"):
         pack_int8(torch.zeros(4, 8, dtype=torch.int8), torch.ones(3))
+
+
+def test_onednn_first_only_where_the_cpu_has_int8_dot_products(monkeypatch):
+    # without VNNI or AMX oneDNN's int8 matmul saturates or runs a slow reference kernel
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    assert backend_order(frozenset({"avx2", "fma"})) == ("fbgemm", "onednn")
+    for flag in ("avx512_vnni", "avx_vnni", "amx_int8"):
+        assert backend_order(frozenset({"avx2", flag})) == ("onednn", "fbgemm")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # narrowed below the dot products
+    assert backend_order(frozenset({"avx2", "avx512_vnni"})) == ("fbgemm", "onednn")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    assert backend_order(frozenset({"avx512_vnni", "amx_int8"})) == ("onednn", "fbgemm")

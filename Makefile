@@ -14,7 +14,7 @@ setup: $(STAMP)
 
 # Idempotent: re-runs only when pyproject.toml changes. torch first, pinned, so the CPU build on this
 # machine's disk is used (any other spelling pulls a multi-GB CUDA build).
-$(STAMP): pyproject.toml engine/native/decode_step.cpp
+$(STAMP): pyproject.toml $(wildcard engine/native/*.cpp engine/native/*.h)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0

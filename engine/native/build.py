@@ -32,9 +32,10 @@ import torch
 from engine.paths import prefixrag_home
 
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("module.cpp", "decode_step.cpp", "prefill_rows.cpp")
+    Path(__file__).with_name(name)
+    for name in ("module.cpp", "decode_step.cpp", "decode_step_f32.cpp", "prefill_rows.cpp")
 )
-HEADERS = (Path(__file__).with_name("bf16.h"),)
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "team.h"))
 FOLDER = Path(__file__).parent
 CFLAGS = [
     "-O3",

@@ -1,4 +1,5 @@
-"""A decode step in one native call: every layer of a bfloat16 Llama-family model for B new tokens.
+"""A decode step in one native call: every layer of a bfloat16 or float32 Llama-family model for B
+new tokens.
 
 The Python layer loop (engine/fused.py) runs on the order of a hundred torch operations per layer,
 and oneDNN's bfloat16 kernels for a decode step's few rows do not stream the weights at the
@@ -12,9 +13,12 @@ equal (tests/engine/native/test_decode.py checks greedy answers and the distance
 it guarantees beyond that: a row's result depends on its own token and KV alone, never on its batch
 mates or the thread count.
 
-It runs where the CPU has AVX512-BF16, the compute dtype is bfloat16, the weights are float, the KV
-format stores the compute dtype and decode is not ``batch_invariant`` (which runs a prefill's
-shapes instead); elsewhere :func:`unavailable_reason` says why and the Python loop runs.
+In float32 (``decode_step_f32.cpp``, AVX2 and FMA: what ``dtype="auto"`` computes in on CPUs
+without bfloat16 matmuls, such as AMD EPYC Zen 3) the same layers run unrounded, with the same
+guarantees. It runs where the CPU has the instructions of the compute dtype's step (:data:`STEPS`),
+the weights are float, the KV format stores the compute dtype and decode is not
+``batch_invariant`` (which runs a prefill's shapes instead); elsewhere :func:`unavailable_reason`
+says why and the Python loop runs.
 
 Example:
     >>> step = NativeDecode.of(layers, final_norm, lm_head, (9, 3, 64), eps, scale)  # doctest: +SKIP
@@ -36,22 +40,28 @@ from engine.native.build import NativeBuildError, native_module
 
 NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")
 NARROW_CAPABILITIES = ("default", "avx2")  # ATEN_CPU_CAPABILITY values that emulate a CPU without AVX-512
+# per compute dtype: the native class, the CPU flags it needs, the ATEN_CPU_CAPABILITY values that rule it out
+STEPS: dict[torch.dtype, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    torch.bfloat16: ("DecodeModel", NEEDED_FLAGS, NARROW_CAPABILITIES),
+    torch.float32: ("DecodeModelF32", ("avx2", "fma"), ("default",)),
+}
 
 
 def unavailable_reason(dtype: torch.dtype, float_weights: bool, kv_identity: bool) -> str | None:
     """Why the native step cannot run for these settings on this machine (None: it can)."""
-    if dtype != torch.bfloat16:
-        return f"the compute dtype is {str(dtype).removeprefix('torch.')} (the native step is bfloat16)"
+    if dtype not in STEPS:
+        return f"the compute dtype is {str(dtype).removeprefix('torch.')} (the native step is bfloat16 or float32)"
     if not float_weights:
         return "int8 weights run engine.quant's kernels"
     if not kv_identity:
         return "the KV format rounds keys and values (the native step stores the compute dtype)"
-    missing = [flag for flag in NEEDED_FLAGS if flag not in cpu_flags()]
+    _, needed, narrowing = STEPS[dtype]
+    missing = [flag for flag in needed if flag not in cpu_flags()]
     if missing:
         return f"the CPU lacks {', '.join(missing)}"
     capability = os.environ.get("ATEN_CPU_CAPABILITY", "")
-    if capability in NARROW_CAPABILITIES:
-        return f"ATEN_CPU_CAPABILITY={capability} narrows this process to a CPU without AVX-512"
+    if capability in narrowing:
+        return f"ATEN_CPU_CAPABILITY={capability} narrows this process to a CPU without {needed[0].upper()}"
     return None
 
 
@@ -73,7 +83,10 @@ class NativeDecode:
         scale: float,
     ) -> NativeDecode:
         """Build over ``layers`` (plain tensors, before any packing); raises NativeBuildError."""
-        empty = torch.empty(0, dtype=torch.bfloat16)
+        dtype = final_norm.dtype
+        if dtype not in STEPS:
+            raise NativeBuildError(f"no native step computes in {dtype}")
+        empty = torch.empty(0, dtype=dtype)
         tensors = []
         for layer in layers:
             row = [layer.in_norm, layer.post_norm, layer.wqkv, layer.bqkv, layer.wo, layer.bo]
@@ -87,7 +100,7 @@ class NativeDecode:
         heads, kv_heads, head_dim = geometry
         module = native_module()
         try:
-            model = module.DecodeModel(
+            model = getattr(module, STEPS[dtype][0])(
                 tensors, final_norm.detach().contiguous(), lm_head.detach().contiguous(),
                 heads, kv_heads, head_dim, eps, scale,
             )  # fmt: skip

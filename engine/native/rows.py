@@ -48,8 +48,8 @@ class NativeRows:
     @classmethod
     def of(cls, dtype: torch.dtype, eps: float) -> NativeRows | None:
         """The operations for ``dtype`` on this machine, or None where they cannot run."""
-        if unavailable_reason(dtype, True, True) is not None:
-            return None
+        if dtype != torch.bfloat16 or unavailable_reason(dtype, True, True) is not None:
+            return None  # bfloat16 row passes only: float32's are torch's own
         try:
             return cls(native_module(), eps)
         except NativeBuildError as exc:

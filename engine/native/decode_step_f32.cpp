@@ -1,0 +1,304 @@
+// One decode step of a Llama-family model in float32 on AVX2 + FMA, every layer in one native call.
+//
+// Invariants (engine/native/decode.py states them for Python):
+//  * each output row depends on its own input row and KV alone: the products run row by row in a
+//    fixed order, whatever the batch, the thread count or the thread split (parallel work is split
+//    by output column or by head, never inside a sum);
+//  * float32 throughout, as the Python layer loop computes in float32; its sums run in another
+//    order, so results are close to the loop's, not equal;
+//  * a layer without a bias passes an empty tensor for it;
+//  * attention reads keys and values in the KV buffer's layout [layers, 1, kv_heads, capacity, dim].
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include "team.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+namespace {
+
+using namespace prefixrag;
+
+AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// e^x for x in [-87, 88] (clamped below), float32, ~1 ulp
+AVX2 inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+
+// y[i, n] = x[i, :] . w[n, :] for ROWS rows of x, output columns [n0, n1); w [N, K] row-major
+template <int ROWS>
+AVX2 void gemv_rows(const float* x, const float* w, float* y, int64_t k, int64_t ldy, int64_t n0, int64_t n1) {
+  constexpr int NB = ROWS > 2 ? 2 : 4;  // weight rows in flight: NB * ROWS sums in 16 registers
+  int64_t n = n0;
+  for (; n + NB <= n1; n += NB) {
+    __m256 acc[NB][ROWS];
+    for (int r = 0; r < NB; ++r)
+      for (int i = 0; i < ROWS; ++i) acc[r][i] = _mm256_setzero_ps();
+    const float* wr = w + n * k;
+    for (int64_t j = 0; j < k; j += 8) {
+      for (int r = 0; r < NB; ++r) {
+        _mm_prefetch((const char*)(wr + (4 * NB + r) * k + j), _MM_HINT_T0);
+        __m256 wv = _mm256_loadu_ps(wr + r * k + j);
+        for (int i = 0; i < ROWS; ++i) acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + j), wv, acc[r][i]);
+      }
+    }
+    for (int r = 0; r < NB; ++r)
+      for (int i = 0; i < ROWS; ++i) y[i * ldy + n + r] = hsum(acc[r][i]);
+  }
+  for (; n < n1; ++n) {
+    __m256 acc[ROWS];
+    for (int i = 0; i < ROWS; ++i) acc[i] = _mm256_setzero_ps();
+    const float* wr = w + n * k;
+    for (int64_t j = 0; j < k; j += 8) {
+      __m256 wv = _mm256_loadu_ps(wr + j);
+      for (int i = 0; i < ROWS; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + j), wv, acc[i]);
+    }
+    for (int i = 0; i < ROWS; ++i) y[i * ldy + n] = hsum(acc[i]);
+  }
+}
+
+using GemvFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+constexpr int64_t MAX_ROWS = 4;
+const GemvFn GEMV[MAX_ROWS + 1] = {nullptr, gemv_rows<1>, gemv_rows<2>, gemv_rows<3>, gemv_rows<4>};
+
+// y [m, n] = x [m, k] @ w[n, k]^T, split by output column across threads
+void gemv(Team& team, const float* x, const float* w, float* y, int64_t m, int64_t k, int64_t n) {
+  team.parallel((n + 7) / 8, [&](int64_t a, int64_t b) {
+    int64_t lo = a * 8, hi = std::min(n, b * 8);
+    for (int64_t i = 0; i < m; i += MAX_ROWS) {
+      int rows = int(std::min<int64_t>(MAX_ROWS, m - i));
+      GEMV[rows](x + i * k, w, y + i * n, k, n, lo, hi);
+    }
+  });
+}
+
+// weight * (x * rsqrt(mean(x^2) + eps)) for one row of h (a multiple of 8)
+AVX2 void rms_norm(const float* x, const float* weight, float* out, int64_t h, float eps) {
+  __m256 ss = _mm256_setzero_ps();
+  for (int64_t j = 0; j < h; j += 8) {
+    __m256 v = _mm256_loadu_ps(x + j);
+    ss = _mm256_fmadd_ps(v, v, ss);
+  }
+  __m256 inv = _mm256_set1_ps(1.f / std::sqrt(hsum(ss) / float(h) + eps));
+  for (int64_t j = 0; j < h; j += 8)
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_loadu_ps(weight + j), _mm256_mul_ps(_mm256_loadu_ps(x + j), inv)));
+}
+
+// out = silu(g) * u for the gate g = sums[:n] and value u = sums[n:2n]
+AVX2 void silu_mul(const float* sums, float* out, int64_t n) {
+  for (int64_t j = 0; j < n; j += 8) {
+    __m256 g = _mm256_loadu_ps(sums + j);
+    __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), g), _mm256_set1_ps(88.f)));
+    __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(silu, _mm256_loadu_ps(sums + n + j)));
+  }
+}
+
+// one query head over keys [0, len): out = softmax(q . k * scale) @ v; d a multiple of 8, <= 256
+AVX2 void attend_head(const float* q, const float* keys, const float* values, int64_t len, int64_t d, float scale,
+                      float* scores, float* out) {
+  float best = -INFINITY;
+  for (int64_t t = 0; t < len; ++t) {
+    const float* kt = keys + t * d;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < d; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_loadu_ps(kt + j), acc);
+    scores[t] = hsum(acc) * scale;
+    best = std::max(best, scores[t]);
+  }
+  __m256 vbest = _mm256_set1_ps(best), vsum = _mm256_setzero_ps();
+  int64_t t = 0;
+  for (; t + 8 <= len; t += 8) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), vbest));
+    _mm256_storeu_ps(scores + t, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  float total = hsum(vsum);
+  for (; t < len; ++t) {
+    scores[t] = std::exp(scores[t] - best);
+    total += scores[t];
+  }
+  const int64_t chunks = d / 8;
+  __m256 acc[32];
+  for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_setzero_ps();
+  for (t = 0; t < len; ++t) {
+    __m256 p = _mm256_set1_ps(scores[t]);
+    const float* vt = values + t * d;
+    for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vt + 8 * c), acc[c]);
+  }
+  __m256 inv = _mm256_set1_ps(1.f / total);
+  for (int64_t c = 0; c < chunks; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], inv));
+}
+
+struct Layer {
+  torch::Tensor in_norm, post_norm, wqkv, bqkv, wo, bo, wgu, wdown;
+};
+
+const float* ptr(const torch::Tensor& t) { return t.data_ptr<float>(); }
+
+// A model's decode step: weights held once, plain row-major float32.
+class DecodeModelF32 {
+ public:
+  DecodeModelF32(std::vector<std::vector<torch::Tensor>> layers, torch::Tensor final_norm, torch::Tensor lm_head,
+                 int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale)
+      : final_norm_(final_norm), lm_head_(lm_head), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
+        eps_(float(eps)), scale_(float(scale)) {
+    for (auto& l : layers) {
+      TORCH_CHECK(l.size() == 8, "a layer is 8 tensors (norms, wqkv, bqkv, wo, bo, wgu, wdown)");
+      for (auto& t : l) TORCH_CHECK(t.scalar_type() == torch::kFloat32, "the float32 step needs float32 weights");
+      layers_.push_back(Layer{l[0], l[1], l[2], l[3], l[4], l[5], l[6], l[7]});
+    }
+    hidden_ = lm_head.size(1);
+    inter_ = layers_[0].wdown.size(1);
+    TORCH_CHECK(head_dim_ % 8 == 0 && hidden_ % 8 == 0 && inter_ % 8 == 0 && head_dim_ <= 256 &&
+                    heads_ % kv_heads_ == 0,
+                "native decode needs the head dim, hidden and intermediate sizes in multiples of 8");
+  }
+
+  // x [m, hidden] float32 embeddings of the new tokens, cos/sin [m, head_dim] float32 at each row's
+  // position, k/v stores per row, pasts: each row's position. Returns float32 logits [m, vocab].
+  torch::Tensor step(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> k_stores,
+                     std::vector<torch::Tensor> v_stores, std::vector<int64_t> pasts) {
+    const int64_t m = x.size(0), h = hidden_, d = head_dim_;
+    const int64_t qkv_n = (heads_ + 2 * kv_heads_) * d;
+    TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.size(1) == h,
+                "x must be [rows, hidden] float32");
+    TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(0) == m && cos.size(1) == d && cos.is_contiguous() &&
+                    sin.is_contiguous() && cos.scalar_type() == torch::kFloat32,
+                "cos/sin must be contiguous [rows, head_dim] float32");
+    TORCH_CHECK(int64_t(k_stores.size()) == m && int64_t(v_stores.size()) == m && int64_t(pasts.size()) == m,
+                "one K store, V store and position per row");
+    for (int64_t i = 0; i < m; ++i)
+      for (auto* store : {&k_stores[i], &v_stores[i]})
+        TORCH_CHECK(store->scalar_type() == torch::kFloat32 && store->dim() == 5 &&
+                        store->size(0) == int64_t(layers_.size()) && store->size(2) == kv_heads_ &&
+                        store->size(3) > pasts[i] && pasts[i] >= 0 && store->size(4) == d && store->stride(4) == 1,
+                    "a KV store must be [layers, 1, kv_heads, capacity > position, head_dim] float32");
+    x = x.contiguous().clone();
+    std::vector<float> normed(m * std::max(h, inter_)), act(m * inter_), attn(m * heads_ * d);
+    std::vector<float> sums(m * std::max<int64_t>(2 * inter_, std::max(qkv_n, h)));
+    std::vector<float> qkv(m * qkv_n);
+    int64_t longest = 0;
+    for (auto p : pasts) longest = std::max(longest, p + 1);
+    float* xs = x.data_ptr<float>();
+    std::lock_guard<std::mutex> one_step(step_mutex_);  // a model's team runs one step at a time
+    const int threads = std::max(1, at::get_num_threads());
+    if (!team_ || team_->threads() != threads) team_ = std::make_unique<Team>(threads);
+    Team& team = *team_;
+    Session session(team);  // workers spin for this step's work, and sleep again when it ends
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      const Layer& L = layers_[li];
+      for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(L.in_norm), normed.data() + i * h, h, eps_);
+      gemv(team, normed.data(), ptr(L.wqkv), qkv.data(), m, h, qkv_n);
+      if (L.bqkv.numel() > 0)
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < qkv_n; ++j) qkv[i * qkv_n + j] += ptr(L.bqkv)[j];
+      rope(qkv.data(), ptr(cos), ptr(sin), m, qkv_n);
+      write_kv(qkv.data(), k_stores, v_stores, pasts, li, qkv_n);
+      attention(team, qkv.data(), k_stores, v_stores, pasts, li, qkv_n, longest, attn.data());
+      project_add(team, attn.data(), L.wo, L.bo, xs, sums.data(), m, heads_ * d, h);
+      for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(L.post_norm), normed.data() + i * h, h, eps_);
+      gemv(team, normed.data(), ptr(L.wgu), sums.data(), m, h, 2 * inter_);
+      for (int64_t i = 0; i < m; ++i) silu_mul(sums.data() + i * 2 * inter_, act.data() + i * inter_, inter_);
+      project_add(team, act.data(), L.wdown, no_bias_, xs, sums.data(), m, inter_, h);
+    }
+    for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(final_norm_), normed.data() + i * h, h, eps_);
+    auto logits = torch::empty({m, lm_head_.size(0)}, torch::kFloat32);
+    gemv(team, normed.data(), ptr(lm_head_), logits.data_ptr<float>(), m, h, lm_head_.size(0));
+    return logits;
+  }
+
+ private:
+  // q and k heads rotate in place: x * cos + rotate_half(x) * sin
+  void rope(float* qkv, const float* cs, const float* sn, int64_t m, int64_t qkv_n) const {
+    const int64_t d = head_dim_, half = d / 2;
+    float tmp[256];
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t hh = 0; hh < heads_ + kv_heads_; ++hh) {
+        float* v = qkv + i * qkv_n + hh * d;
+        for (int64_t j = 0; j < d; ++j) {
+          float rot = j < half ? -v[j + half] : v[j - half];
+          tmp[j] = v[j] * cs[i * d + j] + rot * sn[i * d + j];
+        }
+        std::memcpy(v, tmp, d * sizeof(float));
+      }
+  }
+
+  void write_kv(const float* qkv, std::vector<torch::Tensor>& ks, std::vector<torch::Tensor>& vs,
+                const std::vector<int64_t>& pasts, size_t layer, int64_t qkv_n) const {
+    const int64_t d = head_dim_;
+    for (size_t i = 0; i < pasts.size(); ++i)
+      for (int64_t g = 0; g < kv_heads_; ++g) {
+        std::memcpy(slot(ks[i], layer, g, pasts[i]), qkv + i * qkv_n + (heads_ + g) * d, d * sizeof(float));
+        std::memcpy(slot(vs[i], layer, g, pasts[i]), qkv + i * qkv_n + (heads_ + kv_heads_ + g) * d, d * sizeof(float));
+      }
+  }
+
+  static float* slot(torch::Tensor& store, size_t layer, int64_t group, int64_t pos) {
+    // store [layers, 1, kv_heads, capacity, dim], the last dim contiguous
+    auto s = store.strides();
+    return store.data_ptr<float>() + layer * s[0] + group * s[2] + pos * s[3];
+  }
+
+  void attention(Team& team, const float* qkv, std::vector<torch::Tensor>& ks, std::vector<torch::Tensor>& vs,
+                 const std::vector<int64_t>& pasts, size_t layer, int64_t qkv_n, int64_t longest, float* out) const {
+    const int64_t d = head_dim_, m = int64_t(pasts.size()), group = heads_ / kv_heads_;
+    team.parallel(m * heads_, [&](int64_t a, int64_t b) {
+      std::vector<float> scores(longest);
+      for (int64_t task = a; task < b; ++task) {
+        int64_t i = task / heads_, hh = task % heads_, g = hh / group;
+        attend_head(qkv + i * qkv_n + hh * d, slot(ks[i], layer, g, 0), slot(vs[i], layer, g, 0), pasts[i] + 1, d,
+                    scale_, scores.data(), out + (i * heads_ + hh) * d);
+      }
+    });
+  }
+
+  // x += in @ w^T (+ bias)
+  static void project_add(Team& team, const float* in, const torch::Tensor& w, const torch::Tensor& bias, float* x,
+                          float* sums, int64_t m, int64_t k, int64_t h) {
+    gemv(team, in, ptr(w), sums, m, k, h);
+    const float* b = bias.numel() > 0 ? ptr(bias) : nullptr;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < h; ++j) x[i * h + j] += b ? sums[i * h + j] + b[j] : sums[i * h + j];
+  }
+
+  std::vector<Layer> layers_;
+  std::unique_ptr<Team> team_;
+  std::mutex step_mutex_;
+  torch::Tensor final_norm_, lm_head_, no_bias_ = torch::empty({0}, torch::kFloat32);
+  int64_t heads_, kv_heads_, head_dim_, hidden_ = 0, inter_ = 0;
+  float eps_, scale_;
+};
+
+}  // namespace
+
+void bind_decode_step_f32(pybind11::module_& mod) {
+  pybind11::class_<DecodeModelF32>(mod, "DecodeModelF32")
+      .def(pybind11::init<std::vector<std::vector<torch::Tensor>>, torch::Tensor, torch::Tensor, int64_t, int64_t,
+                          int64_t, double, double>())
+      .def("step", &DecodeModelF32::step, pybind11::call_guard<pybind11::gil_scoped_release>());
+}

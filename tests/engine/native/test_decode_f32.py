@@ -1,0 +1,84 @@
+"""The float32 native decode step (engine/native/decode_step_f32.cpp, AVX2 + FMA): the layer loop's
+greedy answers, logits within float32 rounding of the loop's, a row independent of its batch mates,
+and the engine stating that it runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.fused import FusedLlamaRunner
+from engine.isa import cpu_flags
+from engine.native.decode import STEPS, unavailable_reason
+from tests.engine.native.test_decode import PROMPTS, _decode, _prompt
+
+HAS_CPU = all(flag in cpu_flags() for flag in STEPS[torch.float32][1])
+needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX2/FMA: the layer loop runs (stated)")
+
+
+@pytest.fixture(scope="module")
+def runner(loaded_model):
+    fused = FusedLlamaRunner(loaded_model.model)
+    assert fused.native is not None, fused.native_reason
+    return fused
+
+
+@needs_cpu
+def test_greedy_answers_and_logits_are_the_layer_loops(runner, loaded_model):
+    for text in PROMPTS:
+        ids = _prompt(loaded_model, text)
+        native_tokens, native_rows = _decode(runner, ids, 16, native=True)
+        loop_tokens, loop_rows = _decode(runner, ids, 16, native=False)
+        assert native_tokens == loop_tokens, text
+        for native, loop in zip(native_rows, loop_rows):  # float32 sums in another order
+            assert torch.allclose(native, loop, rtol=0, atol=2e-3), float((native - loop).abs().max())
+
+
+@needs_cpu
+def test_long_context_attention_matches_the_layer_loop(runner, loaded_model):
+    ids = (_prompt(loaded_model, " ".join(PROMPTS)) * 60)[:1500]  # attention over 1,500 keys
+    native_tokens, native_rows = _decode(runner, ids, 4, native=True)
+    loop_tokens, loop_rows = _decode(runner, ids, 4, native=False)
+    assert native_tokens == loop_tokens
+    assert torch.allclose(native_rows[-1], loop_rows[-1], rtol=0, atol=2e-3)
+
+
+@needs_cpu
+def test_a_row_never_depends_on_its_batch_mates(runner, loaded_model):
+    prompts = [_prompt(loaded_model, text) for text in PROMPTS]
+    alone, bufs = [], []
+    for ids in prompts:
+        buf = runner.new_buffer(64)
+        runner.prefill(ids, buf)
+        alone.append(runner.decode_batch([42], [buf])[0])
+    for ids in prompts:
+        buf = runner.new_buffer(64)
+        runner.prefill(ids, buf)
+        bufs.append(buf)
+    for a, b in zip(alone, runner.decode_batch([42] * len(prompts), bufs)):
+        assert torch.equal(a, b)
+
+
+def test_the_engine_states_which_decode_step_runs():
+    engine = Engine.from_config(EngineConfig(dtype="float32", check_exact_reuse=False))
+    try:
+        if HAS_CPU:  # never a silent fallback where the CPU has the instructions
+            assert engine.stats()["decode"] == {"kernel": "native", "reason": None}
+        else:
+            assert engine.stats()["decode"]["reason"].startswith("the CPU lacks")
+    finally:
+        engine.close()
+    reason = unavailable_reason(torch.float32, True, True)
+    assert reason is None if HAS_CPU else str(reason).startswith("the CPU lacks")
+
+
+@needs_cpu
+def test_a_store_of_another_format_is_a_clear_error(runner):
+    x = runner.embed_ids([1])
+    cos, sin = runner.rope(torch.tensor([0]))
+    buffer = runner.new_buffer(16)
+    buffer.ensure_storage(runner.kv_heads, runner.head_dim, torch.bfloat16, runner.device)
+    with pytest.raises(RuntimeError, match="a KV store must be"):
+        runner.native(x, cos[:, 0], sin[:, 0], [buffer], [0])

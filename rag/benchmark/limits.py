@@ -28,7 +28,7 @@ from engine.quant.linear import int8_backend, integer_matmul, pack_for
 
 BUFFER_BYTES = 2 << 30  # larger than any last-level cache here (this project's VMs have up to 300 MB)
 MATMUL_SIZE = 2048  # square GEMM: compute-bound for every dtype on CPU
-# bfloat16 where the CPU emulates it (about 1 GFLOP/s on AVX2): still compute-bound, in seconds not minutes
+# bfloat16 where the CPU emulates it: orders of magnitude slower, so a smaller product, still compute-bound
 EMULATED_SIZE = 512
 REPEATS = 5
 

@@ -14,12 +14,18 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
-from engine.dtype import DType, bfloat16_emulated, choose_dtype, cpu_bf16_flags
+from engine.dtype import DType, choose_dtype, cpu_bf16_flags
 from engine.engine import Engine
 from engine.fused import FusedLlamaRunner
 from engine.models import DEFAULT_MODEL, load_model
 from engine.sampling import SamplingParams
-from rag.benchmark.limits import decode_bytes_per_token, physical_limits, prefill_flops, shares
+from rag.benchmark.limits import (
+    bfloat16_not_run,
+    decode_bytes_per_token,
+    physical_limits,
+    prefill_flops,
+    shares,
+)
 
 QUESTIONS = [
     "How does Python evaluate the arguments of a function call, and in which order are they bound?",
@@ -165,9 +171,9 @@ def run_engine_bench(
         say("batched decode")
         out["batched_decode"] = batched_decode(cached, prompts, decode_tokens, batch_sizes)
         out["shares"] = _shares(cached, out, limits)
-        emulated = bfloat16_emulated()  # then a prompt's bfloat16 prefill takes minutes
-        if compare_bfloat16 and emulated:
-            out["dtypes"] = {"not_run": f"not run, {emulated}", "cpu": cpu_bf16_flags()}
+        not_run = bfloat16_not_run()
+        if compare_bfloat16 and not_run:
+            out["dtypes"] = {"not_run": not_run, "cpu": cpu_bf16_flags()}
         elif compare_bfloat16:
             say("float32 vs bfloat16")
             out["dtypes"] = compare_dtypes(model, dtype, (cached, off), prompts, repeats, decode_tokens)

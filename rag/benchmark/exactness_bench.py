@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 
-from engine.dtype import bfloat16_emulated
 from engine.fused import FusedLlamaRunner
 from engine.isa import code_paths, cpu_flags, cpu_model
 from engine.models import LoadedModel, load_model
@@ -42,6 +41,7 @@ from engine.quant.linear import (
     pack_for,
     quantize_rows,
 )
+from rag.benchmark.limits import bfloat16_not_run
 
 FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "avx_vnni")
 _KERNEL_SHAPES = ((1, 576, 960), (1, 1536, 576), (1024, 576, 3072), (1024, 1536, 576))
@@ -69,11 +69,11 @@ def run_exactness_bench(
             {"name": path.name, "description": path.description, "env": path.env, **_survey(path.env)}
         )
     progress("cost of the exact shapes")
-    emulated = bfloat16_emulated()  # then a bfloat16 prompt takes minutes, and auto never picks it
-    dtypes = ("float32",) if emulated else ("float32", "bfloat16")
+    not_run = bfloat16_not_run()
+    dtypes = ("float32",) if not_run else ("float32", "bfloat16")
     out["cost"] = {dtype: _shape_cost(dtype, loaded, repeats, context_tokens) for dtype in dtypes}
-    if emulated:
-        out["cost_not_run"] = {"bfloat16": f"not run, {emulated}"}
+    if not_run:
+        out["cost_not_run"] = {"bfloat16": not_run}
     progress("int8 kernels")
     out["int8_kernels"] = _int8_kernels(repeats)
     return out

@@ -33,6 +33,13 @@ EMULATED_SIZE = 512
 REPEATS = 5
 
 
+def bfloat16_not_run() -> str | None:
+    """Why the benchmark's bfloat16 rows do not run on this machine (None: they run): where bfloat16 is
+    emulated a prompt's prefill takes minutes, and ``dtype="auto"`` never computes in it."""
+    emulated = bfloat16_emulated()
+    return None if emulated is None else f"not run, {emulated}"
+
+
 def _best(fn: Callable[[], object], repeats: int) -> float:
     fn()  # first touch and kernel selection out of the way
     times = []

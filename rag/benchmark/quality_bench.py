@@ -22,11 +22,11 @@ from typing import Any
 
 from engine.chunks.reuse import ChunkReuse
 from engine.config import EngineConfig
-from engine.dtype import bfloat16_emulated
 from engine.engine import Engine
 from engine.models import LoadedModel, load_model
 from rag.benchmark.config import BenchConfig
 from rag.benchmark.fidelity import kl_divergence
+from rag.benchmark.limits import bfloat16_not_run
 from rag.benchmark.measure import sample_indices, warm_up_engine
 from rag.benchmark.quality_items import RankedItem, rank_items, select_items, unique_chunks
 from rag.benchmark.quality_jobs import Job, run_wave
@@ -68,11 +68,9 @@ def run_quality_bench(
         raise ValueError(f"the first setting must be the reference ({REFERENCE!r}), got {settings[0].name!r}")
     matrix = set(sample_indices(len(items), min(config.quality_matrix_questions, len(items))))
     settings = [s for s in settings if matrix or not s.matrix]  # no slice: those rows' engines are not built
-    emulated = bfloat16_emulated()  # a prompt's prefill would take minutes
+    bf16_not_run = bfloat16_not_run()
     not_run = {
-        s.name: f"not run, {emulated}"
-        for s in settings
-        if emulated and ENGINE_OPTIONS[s.engine][0] == "bfloat16"
+        s.name: bf16_not_run for s in settings if bf16_not_run and ENGINE_OPTIONS[s.engine][0] == "bfloat16"
     }
     settings = [s for s in settings if s.name not in not_run]
     ranked: dict[bool | None, list[RankedItem]] = {None: rank_items(items, kb, config.top_k)}

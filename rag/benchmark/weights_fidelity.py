@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from engine.dtype import bfloat16_emulated
 from engine.fused import FusedLlamaRunner
 from engine.kv import KVBuffer
 from engine.models import LoadedModel, load_model
 from rag.benchmark.fidelity import kl_divergence
+from rag.benchmark.limits import bfloat16_not_run
 
 CORPUS_TOPICS = ("execmodel", "function", "try", "with", "compound", "assignment", "truth", "comparisons")
 REFERENCE = "float32"
@@ -53,8 +53,8 @@ def measure_fidelity(
         REFERENCE: FusedLlamaRunner(loaded.model),
         "int8": FusedLlamaRunner(loaded.model, weights="int8", tokenizer=loaded.tokenizer),
     }
-    emulated = bfloat16_emulated()  # then its prefills would take minutes
-    if bfloat16 and not emulated:
+    not_run = bfloat16_not_run()
+    if bfloat16 and not not_run:
         runners["bfloat16"] = FusedLlamaRunner(load_model(loaded.model_id, dtype="bfloat16").model)
     shared = _common_prefix(prompts)
     prefixed = {name: _prefilled(r, prompts[0][:shared]) for name, r in runners.items()}
@@ -73,8 +73,8 @@ def measure_fidelity(
         "corpus_tokens": len(corpus),
         REFERENCE: {"perplexity": perplexity(runners[REFERENCE], corpus)},
     }
-    if bfloat16 and emulated:
-        out["bfloat16_not_run"] = f"not run, {emulated}"
+    if bfloat16 and not_run:
+        out["bfloat16_not_run"] = not_run
     for name in kls:
         out[name] = {
             "greedy_agreement": sum(a == answer_tokens for a in agreed[name]) / len(prompts),

@@ -12,7 +12,7 @@ from engine.engine import Engine
 from engine.fused import FusedLlamaRunner
 from engine.isa import cpu_flags
 from engine.native.decode import STEPS, unavailable_reason
-from tests.engine.native.test_decode import PROMPTS, _decode, _prompt
+from tests.engine.native.test_decode import PROMPTS, _decode, _prompt, refuses_a_store_of
 
 HAS_CPU = all(flag in cpu_flags() for flag in STEPS[torch.float32][1])
 needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX2/FMA: the layer loop runs (stated)")
@@ -76,9 +76,4 @@ def test_the_engine_states_which_decode_step_runs():
 
 @needs_cpu
 def test_a_store_of_another_format_is_a_clear_error(runner):
-    x = runner.embed_ids([1])
-    cos, sin = runner.rope(torch.tensor([0]))
-    buffer = runner.new_buffer(16)
-    buffer.ensure_storage(runner.kv_heads, runner.head_dim, torch.bfloat16, runner.device)
-    with pytest.raises(RuntimeError, match="a KV store must be"):
-        runner.native(x, cos[:, 0], sin[:, 0], [buffer], [0])
+    refuses_a_store_of(runner, torch.bfloat16)

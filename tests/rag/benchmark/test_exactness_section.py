@@ -4,12 +4,12 @@ report renders all of it."""
 
 from __future__ import annotations
 
-from engine.dtype import bfloat16_emulated
 from engine.exact_reuse import check_exact_reuse
 from engine.fused import FusedLlamaRunner
 from engine.quant.linear import int8_backend
 from rag.benchmark.exactness_bench import run_exactness_bench
 from rag.benchmark.exactness_report import TITLE, exactness_markdown
+from rag.benchmark.limits import bfloat16_not_run
 
 
 def test_the_section_measures_and_renders(loaded_model):
@@ -21,13 +21,13 @@ def test_the_section_measures_and_renders(loaded_model):
     assert fused["exact_reuse"] == check_exact_reuse(FusedLlamaRunner(loaded_model.model)).exact
     assert fused["linear_tiles"] and 16 in fused["attention_tiles"]
     assert native["int8_backend"] == int8_backend()
-    emulated = bfloat16_emulated()  # bfloat16's cost is measured where the CPU multiplies it natively
-    assert set(sec["cost"]) == ({"float32"} if emulated else {"float32", "bfloat16"})
+    not_run = bfloat16_not_run()  # bfloat16's cost is measured where the CPU multiplies it natively
+    assert set(sec["cost"]) == ({"float32"} if not_run else {"float32", "bfloat16"})
     for dtype in sec["cost"]:
         ms = sec["cost"][dtype]["ms"]
         assert set(ms) == {"exact", "one call"} and all(v > 0 for m in ms.values() for v in m.values())
     kernels = {r["backend"]: r for r in sec["int8_kernels"]}
     assert kernels[int8_backend()]["exact"] is True
     text = exactness_markdown({"exactness_section": sec})
-    assert not emulated or f"bfloat16: not run, {emulated}." in text
+    assert not not_run or f"bfloat16: {not_run}." in text
     assert text.startswith(TITLE) and "| native" in text and "exact tiles" in text and "fbgemm" in text

@@ -12,8 +12,8 @@ import os
 
 import pytest
 
-from engine.dtype import bfloat16_emulated
 from rag.benchmark import BenchConfig, run_benchmark
+from rag.benchmark.limits import bfloat16_not_run
 from rag.benchmark.plots import PLOTS
 from rag.benchmark.redis_server import redis_server_binary
 from rag.benchmark.report import ENGINE_TITLE, RADIX_TITLE, rerender
@@ -22,7 +22,7 @@ from rag.ingestion.loaders import load_python_reference
 from rag.knowledge_base import KnowledgeBase
 
 TOPICS = 5
-EMULATED = bfloat16_emulated()  # why bfloat16 rows do not run on this CPU (None: they run)
+NOT_RUN = bfloat16_not_run()  # why bfloat16 rows do not run on this CPU (None: they run)
 
 TINY = BenchConfig.quick_run(
     requests=6,
@@ -180,9 +180,9 @@ def test_fit_targets_and_sections(run):
     # at 0% hits the cache did real work (an insert of the whole prompt), a small share of cold TTFT
     assert 0 < ttft["zero_hit_cache_s"] < ttft["cold_s"] and ttft["zero_hit_cache_share"] < 1
     dtypes = results["engine_section"]["dtypes"]  # float32 against bfloat16, side by side
-    if EMULATED:  # a CPU without bfloat16 matmuls: not run, and the report says why
-        assert dtypes["not_run"] == f"not run, {EMULATED}"
-        assert f"float32 against bfloat16: not run, {EMULATED}" in (run[0] / "report.md").read_text()
+    if NOT_RUN:  # a CPU without bfloat16 matmuls: not run, and the report says why
+        assert dtypes["not_run"] == NOT_RUN
+        assert f"float32 against bfloat16: {NOT_RUN}" in (run[0] / "report.md").read_text()
     else:
         for dtype in ("float32", "bfloat16"):
             assert dtypes[dtype]["cold_s"] > dtypes[dtype]["warm_s"] > 0
@@ -300,7 +300,7 @@ def test_weights_section_compares_int8_float32_and_llama_cpp(run):
     assert systems["int8"]["weight_bytes"] < systems["float32"]["weight_bytes"]
     fid = sec["fidelity"]
     assert fid["prompts"] == 2 and fid["float32"]["perplexity"] > 1
-    candidates = ("int8",) if EMULATED else ("int8", "bfloat16")
+    candidates = ("int8",) if NOT_RUN else ("int8", "bfloat16")
     for name in candidates:
         assert 0 <= fid[name]["greedy_agreement"] <= 1 and 0 <= fid[name]["kl_mean"] <= fid[name]["kl_max"]
         assert (
@@ -309,8 +309,8 @@ def test_weights_section_compares_int8_float32_and_llama_cpp(run):
         )
     report = (out / "report.md").read_text()
     assert "| target | measured | met |" in report and all(f"| {name} |" in report for name in candidates)
-    if EMULATED:
-        assert "bfloat16" not in fid and f"bfloat16: not run, {EMULATED}." in report
+    if NOT_RUN:
+        assert "bfloat16" not in fid and f"bfloat16: {NOT_RUN}." in report
 
 
 def test_chunks_section_measures_every_mode_and_setting(run):
@@ -366,10 +366,10 @@ def test_quality_section_scores_every_setting_against_full_prefill(run):
     assert rows["prefix, cache order, after warm()"]["hit_rate"] > 0  # warmed placements reused
     report = (out / "report.md").read_text()
     assert "## Answer quality on the QA set" in report
-    if EMULATED:  # bfloat16 weights: not run on a CPU that emulates them, and the report says why
+    if NOT_RUN:  # bfloat16 weights: not run on a CPU that emulates them, and the report says why
         assert "bfloat16 weights" not in rows
-        assert section["not_run"] == {"bfloat16 weights": f"not run, {EMULATED}"}
-        assert f"Row 'bfloat16 weights': not run, {EMULATED}." in report
+        assert section["not_run"] == {"bfloat16 weights": NOT_RUN}
+        assert f"Row 'bfloat16 weights': {NOT_RUN}." in report
     else:
         assert "bfloat16 weights" in rows and not section["not_run"]
     for name, row in rows.items():

@@ -26,8 +26,9 @@ $(STAMP): pyproject.toml $(wildcard engine/native/*.cpp engine/native/*.h)
 demo: setup
 	$(BIN)/prefixrag demo
 
+# Two workers, a file each at a time: servers, subprocesses and waits of one overlap the other's compute.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check .

@@ -27,8 +27,10 @@ demo: setup
 	$(BIN)/prefixrag demo
 
 # Two workers, a file each at a time: servers, subprocesses and waits of one overlap the other's compute.
+# Their OpenMP threads wait passively (as `prefixrag serve`'s do): spinning ones would take the cores
+# from the other worker.
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q -n 2 --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check .

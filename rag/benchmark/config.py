@@ -171,6 +171,11 @@ class BenchConfig(BaseModel):
         description="every recompute strategy at the default budget on every question (default: only the "
         "engine's default setting there, the others on the slice)",
     )
+    quality_reranker: bool = Field(
+        default=True,
+        description="the retrieval row: full prefill with the embedding reranker where the knowledge base "
+        "does not rerank (it embeds every chunk's window vectors the index lacks first)",
+    )
     quality_strategies: tuple[str, ...] = Field(
         default=STRATEGIES, description="recompute strategies compared"
     )
@@ -251,6 +256,7 @@ class BenchConfig(BaseModel):
             "quality_matrix_questions": 0,
             "quality_kl_positions": 4,
             "quality_budgets": (0.2,),
+            "quality_reranker": False,
             "quick": True,
         }
         settings.update(overrides)

@@ -115,12 +115,15 @@ def quality_settings(config: BenchConfig, reranks: bool = False) -> list[Quality
         QualitySetting("int8 weights", "weights", "int8", "relevance", matrix=True),
         QualitySetting("bfloat16 KV", "kv", "kv-bfloat16", "relevance", matrix=True),
         QualitySetting("int8 KV", "kv", "kv-int8", "relevance", matrix=True),
-        QualitySetting(  # every corpus question (retrieval decides nothing on the synthetic ones)
-            "full prefill, first stage only" if reranks else "full prefill, embedding reranker",
-            "retrieval",
-            "reference",
-            "relevance",
-            rerank=not reranks,
-        ),
     ]
+    if reranks or config.quality_reranker:  # the first stage alone costs nothing more
+        rows.append(
+            QualitySetting(  # every corpus question (retrieval decides nothing on the synthetic ones)
+                "full prefill, first stage only" if reranks else "full prefill, embedding reranker",
+                "retrieval",
+                "reference",
+                "relevance",
+                rerank=not reranks,
+            )
+        )
     return rows

@@ -34,6 +34,13 @@ def test_the_retrieval_row_is_the_other_choice_than_the_default():
     assert (reranking.name, reranking.rerank) == ("full prefill, first stage only", False)
 
 
+def test_quick_leaves_out_the_embedding_reranker_row():
+    quick = bench_config(True, {})
+    assert not [r for r in quality_settings(quick) if r.group == "retrieval"]
+    first_stage = [r for r in quality_settings(quick, reranks=True) if r.group == "retrieval"]
+    assert [r.name for r in first_stage] == ["full prefill, first stage only"]
+
+
 def test_full_run_asks_every_question_of_every_strategy_at_the_default_budget_only():
     rows = quality_settings(bench_config(False, {"full": True}))
     chunks = [r for r in rows if r.group == "chunks"]

@@ -64,6 +64,7 @@ TINY = BenchConfig.quick_run(
     quality_kl_positions=2,
     quality_budgets=(0.2,),
     quality_strategies=("none", "first_tail"),
+    quality_reranker=True,
     retrieval_section=True,
     retrieval_scale_chunks=500,
     exactness_section=False,  # tests/rag/benchmark/test_exactness_section.py runs it

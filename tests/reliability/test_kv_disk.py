@@ -213,12 +213,17 @@ def test_damaged_and_foreign_blocks_are_misses_with_a_log_line_never_errors(
 
 
 def _files_of(http: httpx.Client, folder: Path, prompt: str) -> list[Path]:
-    """The block files a prompt's RAM-cached KV was written to: the ones its request touches."""
+    """The block files a prompt's RAM-cached KV was written to: the ones its request touches.
+
+    Its answer's own blocks are written behind the reply, new files, whenever the writer gets to them:
+    only files there before count, and the writer is idle when they are read."""
     _forget_ram(http)
+    assert wait_until(lambda: _settled(http, ALICE), timeout=60)
     stamps = {p: p.stat().st_mtime_ns for p in _block_files(folder)}
     time.sleep(0.01)
     _complete(http, prompt, key=ALICE)  # a disk hit: every block it reads is touched
-    touched = [p for p in _block_files(folder) if p.stat().st_mtime_ns != stamps.get(p)]
+    assert wait_until(lambda: _settled(http, ALICE), timeout=60)
+    touched = [p for p in _block_files(folder) if p in stamps and p.stat().st_mtime_ns != stamps[p]]
     assert len(touched) == 4, touched  # three whole blocks and the partial one after them
     return sorted(touched, key=lambda p: -p.stat().st_mtime_ns)  # block 0 first (deeper blocks are older)
 

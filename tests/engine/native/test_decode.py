@@ -173,16 +173,18 @@ def test_unsupported_settings_say_why():
     assert reason is None if HAS_CPU else str(reason).startswith("the CPU lacks")
 
 
-def refuses_a_store_of(runner, dtype):
-    """The native step of ``runner`` refuses a KV store of ``dtype`` (another format) with a clear error."""
+def store_refusal(runner, dtype) -> str:
+    """The error the native step of ``runner`` raises for a KV store of ``dtype`` (fails if none)."""
     x = runner.embed_ids([1])
     cos, sin = runner.rope(torch.tensor([0]))
     buffer = runner.new_buffer(16)
     buffer.ensure_storage(runner.kv_heads, runner.head_dim, dtype, runner.device)
-    with pytest.raises(RuntimeError, match="a KV store must be"):
+    with pytest.raises(RuntimeError) as refused:
         runner.native(x, cos[:, 0], sin[:, 0], [buffer], [0])
+    return str(refused.value)
 
 
 @needs_cpu
 def test_a_store_of_another_format_is_a_clear_error(runner):
-    refuses_a_store_of(runner, torch.float32)
+    message = store_refusal(runner, torch.float32)
+    assert "a KV store must be [layers, 1, kv_heads, capacity > position, head_dim] bf16" in message

@@ -12,7 +12,7 @@ from engine.engine import Engine
 from engine.fused import FusedLlamaRunner
 from engine.isa import cpu_flags
 from engine.native.decode import STEPS, unavailable_reason
-from tests.engine.native.test_decode import PROMPTS, _decode, _prompt, refuses_a_store_of
+from tests.engine.native.test_decode import PROMPTS, _decode, _prompt, store_refusal
 
 HAS_CPU = all(flag in cpu_flags() for flag in STEPS[torch.float32][1])
 needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX2/FMA: the layer loop runs (stated)")
@@ -76,4 +76,5 @@ def test_the_engine_states_which_decode_step_runs():
 
 @needs_cpu
 def test_a_store_of_another_format_is_a_clear_error(runner):
-    refuses_a_store_of(runner, torch.bfloat16)
+    message = store_refusal(runner, torch.bfloat16)
+    assert "a KV store must be [layers, 1, kv_heads, capacity > position, head_dim] float32" in message

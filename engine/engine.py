@@ -366,6 +366,7 @@ class Engine:
                 self.runner, "decode_kernel", {"kernel": "layers", "reason": "transformers runner"}
             ),
             "prefill_rows": getattr(self.runner, "row_kernels", "torch"),
+            "prefill_attention": getattr(self.runner, "attention_kernel", "torch"),
             "caching": self.caching,
             "waiting": len(self.scheduler),
             "running": len(self._running),

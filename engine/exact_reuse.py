@@ -93,6 +93,7 @@ def _configuration(runner: Any) -> tuple[object, ...]:
         getattr(runner, "weights", "float32"),
         getattr(codec, "name", None),
         getattr(runner, "row_kernels", None),
+        getattr(runner, "attention_kernel", None),
         tiles,
         attention,
         *path_key(),

@@ -50,6 +50,7 @@ from engine.llama_weights import (
     int8_layers,
     weight_bytes,
 )
+from engine.native.attention import NativeAttention
 from engine.native.build import NativeBuildError, build_key
 from engine.native.decode import NativeDecode, unavailable_reason
 from engine.native.rows import NativeRows
@@ -87,6 +88,7 @@ class FusedLlamaRunner:
         exact_shapes: bool = True,
         native_decode: bool = True,
         native_rows: bool = True,
+        native_attention: bool = True,
     ) -> None:
         reason = fused_unsupported_reason(model)
         if reason:
@@ -123,6 +125,8 @@ class FusedLlamaRunner:
         self.native_reason: str | None = "int8 weights run engine.quant's kernels"
         # a prefill's norms, RoPE and SiLU * value in one native pass each (engine.native.rows)
         self.rows = NativeRows.of(self.dtype, self.eps) if native_rows else None
+        # a prefill's attention, each row over its own keys (engine.native.attention); None: SDPA
+        self.attention = NativeAttention.of(self.dtype, self.head_dim) if native_attention else None
         if weights == "int8":
             self.exact_head = (self.final_norm, model.lm_head.weight)
             self.layers, self.final_norm, self.lm_head = int8_layers(model, tokenizer, self.dtype)
@@ -177,6 +181,11 @@ class FusedLlamaRunner:
     def row_kernels(self) -> str:
         """What computes a prefill's norms, RoPE and SiLU: ``native <build key>`` or ``torch``."""
         return f"native {build_key()}" if self.rows is not None else "torch"
+
+    @property
+    def attention_kernel(self) -> str:
+        """What computes a prefill's attention: ``native <build key>`` or ``torch`` (SDPA in tiles)."""
+        return f"native {build_key()}" if self.attention is not None else "torch"
 
     @property
     def decode_kernel(self) -> dict[str, str | None]:
@@ -314,7 +323,8 @@ class FusedLlamaRunner:
     ) -> torch.Tensor:
         """``x`` at explicit ascending ``positions`` of ``buffer`` (a stitched prefill): every layer writes
         their K/V there, then attends causally over what the buffer holds up to each position."""
-        return self.run_layers(x, positions, PositionsAttention(buffer, positions, self.scale), layers)
+        attention = PositionsAttention(buffer, positions, self.scale, self.attention)
+        return self.run_layers(x, positions, attention, layers)
 
     # ---- forward passes ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -333,7 +343,7 @@ class FusedLlamaRunner:
         x = self.embed_ids(token_ids, round_up(s, TILE))  # [R, hidden], the real rows first
         positions = torch.arange(past, past + x.shape[0], device=self.device)
         tiles = self.attention_tiles if self.exact_shapes else None
-        attention = PrefillAttention(buffer, past, s, tiles, self.scale)
+        attention = PrefillAttention(buffer, past, s, tiles, self.scale, self.attention)
         x = self.run_layers(x, positions, attention)
         buffer.set_length(past + s)
         return self.last_logits(x[:s])

@@ -2,7 +2,8 @@
 call; the runner's one layer loop (``FusedLlamaRunner.run_layers``) takes any of them.
 
   * :class:`PrefillAttention`: tokens at positions ``past .. past + s`` of one buffer, attending as
-    engine.prefill_shapes lays out (query tiles over full, masked key blocks): exact reuse;
+    engine.prefill_shapes lays out (query tiles over full, masked key blocks), or each row over its
+    own keys in the native kernel (engine.native.attention) where it runs: exact reuse either way;
   * :class:`PositionsAttention`: tokens at explicit ascending positions of one buffer (a stitched
     prefill), each attending causally over everything the buffer holds before it (an explicit mask);
   * :class:`DecodeAttention`: one new token for each of B buffers, each attending over its own KV
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv.state import KVBuffer
+from engine.native.attention import NativeAttention
 from engine.prefill_shapes import QUERY_ROWS, aligned_keys, key_block_spans, prefill_mask
 from engine.row_tiles import TILE, TileMenu, round_up
 
@@ -88,13 +90,25 @@ class PrefillAttention:
     padding: they write nothing and attend to nothing)."""
 
     def __init__(
-        self, buffer: KVBuffer, past: int, tokens: int, tiles: TileMenu | None, scale: float
+        self,
+        buffer: KVBuffer,
+        past: int,
+        tokens: int,
+        tiles: TileMenu | None,
+        scale: float,
+        native: NativeAttention | None = None,
     ) -> None:
         self.past, self.tokens, self.scale = past, tokens, scale
         self.keys_end = aligned_keys(past + tokens)
         buffer.reserve(self.keys_end)
-        clear_key_padding(buffer, past + tokens, self.keys_end)
         self.k_store, self.v_store = buffer.stores()
+        # the native kernel reads each row's own keys only: no padding, masks or tiles
+        self.native = native if native is not None and self.k_store.dtype == torch.bfloat16 else None
+        if self.native is not None:
+            self.positions = torch.arange(past, past + tokens)
+            self.calls: list[_Call] = []
+            return
+        clear_key_padding(buffer, past + tokens, self.keys_end)
         self.calls = self._calls(tiles, buffer.k_store.device if buffer.k_store is not None else "cpu")
 
     def _calls(self, tiles: TileMenu | None, device: object) -> list[_Call]:
@@ -116,6 +130,10 @@ class PrefillAttention:
         self.v_store[layer, 0, :, p : p + s] = v[:s].transpose(0, 1)
 
     def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            keys, values = self.k_store[layer, 0], self.v_store[layer, 0]
+            out = self.native(q[: self.tokens], keys, values, self.positions, self.scale)
+            return pad_rows(out, q.shape[0])
         keys = self.k_store[layer, :, :, : self.keys_end]
         values = self.v_store[layer, :, :, : self.keys_end]
         out = q.new_zeros(q.shape[0], q.shape[1] * q.shape[2])
@@ -130,17 +148,25 @@ class PositionsAttention:
     """Tokens at explicit ascending ``positions`` of one buffer: each writes its K/V there and
     attends causally over the buffer's keys ``0 .. its position``."""
 
-    def __init__(self, buffer: KVBuffer, positions: torch.Tensor, scale: float) -> None:
+    def __init__(
+        self, buffer: KVBuffer, positions: torch.Tensor, scale: float, native: NativeAttention | None = None
+    ) -> None:
         self.positions, self.scale = positions, scale
         self.total = int(positions[-1]) + 1
         self.mask = torch.arange(self.total, device=positions.device)[None, :] <= positions[:, None]
         self.k_store, self.v_store = buffer.stores()
+        self.native = native if native is not None and self.k_store.dtype == torch.bfloat16 else None
+        self.native_positions = positions.to(torch.long).contiguous()
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k_store[layer, 0][:, self.positions] = k.transpose(0, 1)
         self.v_store[layer, 0][:, self.positions] = v.transpose(0, 1)
 
     def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            return self.native(
+                q, self.k_store[layer, 0], self.v_store[layer, 0], self.native_positions, self.scale
+            )
         keys = self.k_store[layer, :, :, : self.total]
         values = self.v_store[layer, :, :, : self.total]
         return attend(q, keys, values, 0, self.scale, self.mask)

@@ -130,7 +130,9 @@ class StitchedPrefill:
         position (``attention_mass``) once that layer's K/V are written (None without a watch)."""
         if watch is None:
             return self.forward(buffer, x, positions, layers), None
-        attention = _Watched(PositionsAttention(buffer, positions, self.runner.scale), *watch, self._mass)
+        attention = _Watched(
+            PositionsAttention(buffer, positions, self.runner.scale, self.runner.attention), *watch, self._mass
+        )
         return self.runner.run_layers(x, positions, attention, layers), attention.mass
 
     @torch.inference_mode()

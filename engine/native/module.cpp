@@ -1,12 +1,14 @@
-// The native extension's Python module: the decode step and the prefill's row operations.
+// The native extension's Python module: the decode step, the prefill's row operations and its attention.
 #include <torch/extension.h>
 
 void bind_decode_step(pybind11::module_& mod);
 void bind_decode_step_f32(pybind11::module_& mod);
 void bind_prefill_rows(pybind11::module_& mod);
+void bind_prefill_attention(pybind11::module_& mod);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   bind_decode_step(mod);
   bind_decode_step_f32(mod);
   bind_prefill_rows(mod);
+  bind_prefill_attention(mod);
 }

@@ -1,0 +1,129 @@
+"""A prefill's native attention (engine/native/attention.py): as close to exact attention as torch's
+bfloat16 kernel is, every row's bits independent of the split, its batch mates and the thread count,
+keys past the last row never read; the bfloat16 runner uses it where the CPU has AVX512-BF16, and a
+prompt's answer matches the one torch's kernel gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.fused import FusedLlamaRunner
+from engine.isa import cpu_flags
+from engine.models import load_model
+from engine.native.attention import NativeAttention
+from engine.native.decode import NEEDED_FLAGS
+
+HAS_CPU = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
+needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX512-BF16: torch's kernel runs")
+HEADS, KV_HEADS, DIM, SCALE = 9, 3, 64, 0.125
+
+
+@pytest.fixture(scope="module")
+def attention() -> NativeAttention:
+    native = NativeAttention.of(torch.bfloat16, DIM)
+    assert native is not None
+    return native
+
+
+def _inputs(tokens: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(tokens, HEADS, DIM, generator=gen).mul(2).bfloat16()
+    capacity = tokens + 40
+    k = torch.randn(KV_HEADS, capacity, DIM, generator=gen).mul(2).bfloat16()
+    v = torch.randn(KV_HEADS, capacity, DIM, generator=gen).bfloat16()
+    k[:, tokens:] = float("nan")  # past the last row: never read
+    v[:, tokens:] = float("nan")
+    return q, k, v
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    t = q.shape[0]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None].to(dtype),
+        k[None, :, :t].to(dtype),
+        v[None, :, :t].to(dtype),
+        is_causal=True,
+        scale=SCALE,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1).reshape(t, -1).float()
+
+
+@needs_cpu
+def test_as_close_to_exact_attention_as_torchs_bfloat16_kernel(attention):
+    q, k, v = _inputs(700)
+    exact = _sdpa(q, k, v, torch.float32)
+    native = attention(q, k, v, torch.arange(700), SCALE).float()
+    torch_bf16 = _sdpa(q, k, v, torch.bfloat16)
+    assert torch.isfinite(native).all()
+    native_err, torch_err = (native - exact).abs(), (torch_bf16 - exact).abs()
+    assert native_err.mean() <= 1.5 * torch_err.mean()
+    assert native_err.max() <= 2 * torch_err.max()
+
+
+@needs_cpu
+@pytest.mark.parametrize("cuts", [(1,), (37, 520), (16, 32, 529), (529,)])
+def test_a_prompt_split_anywhere_gives_every_row_the_same_bits(attention, cuts):
+    q, k, v = _inputs(530)
+    positions = torch.arange(530)
+    whole = attention(q, k, v, positions, SCALE)
+    bounds = [0, *cuts, 530]
+    parts = [attention(q[a:b], k, v, positions[a:b], SCALE) for a, b in zip(bounds, bounds[1:])]
+    assert torch.equal(torch.cat(parts), whole)
+
+
+@needs_cpu
+def test_rows_at_explicit_positions_equal_each_row_alone(attention):
+    q, k, v = _inputs(400, seed=1)
+    positions = torch.tensor([3, 17, 18, 64, 250, 251, 399])  # a stitched prefill's recomputed rows
+    rows = attention(q[: len(positions)], k, v, positions, SCALE)
+    for i, p in enumerate(positions.tolist()):
+        alone = attention(q[i : i + 1], k, v, torch.tensor([p]), SCALE)
+        assert torch.equal(alone, rows[i : i + 1])
+    exact = _sdpa(q[:1].expand(400, -1, -1).contiguous(), k, v, torch.float32)[399]
+    assert torch.allclose(attention(q[:1], k, v, torch.tensor([399]), SCALE)[0].float(), exact, atol=0.02)
+
+
+@needs_cpu
+def test_the_thread_count_never_changes_a_result(attention):
+    q, k, v = _inputs(300, seed=2)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = attention(q, k, v, torch.arange(300), SCALE)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, attention(q, k, v, torch.arange(300), SCALE))
+
+
+@needs_cpu
+def test_bad_positions_are_a_clear_error(attention):
+    q, k, v = _inputs(8)
+    with pytest.raises(RuntimeError, match="ascending"):
+        attention(q[:2], k, v, torch.tensor([5, 4]), SCALE)
+    with pytest.raises(RuntimeError, match="capacity"):
+        attention(q[:1], k, v, torch.tensor([k.shape[1]]), SCALE)
+
+
+def test_runs_only_for_bfloat16_at_the_head_dims_it_is_compiled_for():
+    assert NativeAttention.of(torch.float32, DIM) is None
+    assert NativeAttention.of(torch.bfloat16, 96) is None
+
+
+@needs_cpu
+def test_the_bfloat16_runner_answers_as_with_torchs_kernel():
+    loaded = load_model(dtype="bfloat16")
+    native = FusedLlamaRunner(loaded.model)
+    plain = FusedLlamaRunner(loaded.model, native_attention=False)
+    assert native.attention_kernel.startswith("native ") and plain.attention_kernel == "torch"
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    text = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = loaded.tokenizer(text)["input_ids"]
+    last = []
+    for runner in (native, plain):
+        last.append(runner.prefill(ids, runner.new_buffer(len(ids) + 8)))
+    assert int(last[0].argmax()) == int(last[1].argmax())
+    assert F.cosine_similarity(last[0], last[1], dim=0) > 0.999
+    assert FusedLlamaRunner(load_model(dtype="float32").model).attention_kernel == "torch"

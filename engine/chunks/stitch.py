@@ -131,7 +131,9 @@ class StitchedPrefill:
         if watch is None:
             return self.forward(buffer, x, positions, layers), None
         attention = _Watched(
-            PositionsAttention(buffer, positions, self.runner.scale, self.runner.attention), *watch, self._mass
+            PositionsAttention(buffer, positions, self.runner.scale, self.runner.attention),
+            *watch,
+            self._mass,
         )
         return self.runner.run_layers(x, positions, attention, layers), attention.mass
 

@@ -4,7 +4,7 @@ the decode step: engine.native.build).
 torch's attention kernel rounds a query's result differently with the call's shape, so exact reuse
 runs it over whole 512-key blocks under an explicit mask (engine.prefill_shapes): a 1,500-token
 prompt computes every score of its 1,500 x 1,536 square, masked half included. The native kernel
-walks each query row's keys in 16-key blocks at fixed absolute positions, up to its own position
+walks each query row's keys in 64-key blocks at fixed absolute positions, up to its own position
 only, with AVX512-BF16 dot products and a float32 online softmax. A row's result depends on its
 query, its position and the keys and values at positions up to it alone, so a prompt computed whole
 or split anywhere, with any thread count, gives every row the same bits, and it reads half the

@@ -33,7 +33,13 @@ from engine.paths import prefixrag_home
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("module.cpp", "decode_step.cpp", "decode_step_f32.cpp", "prefill_rows.cpp", "prefill_attention.cpp")
+    for name in (
+        "module.cpp",
+        "decode_step.cpp",
+        "decode_step_f32.cpp",
+        "prefill_rows.cpp",
+        "prefill_attention.cpp",
+    )
 )
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "team.h"))
 FOLDER = Path(__file__).parent

@@ -4,8 +4,9 @@
 // Invariants (engine/native/attention.py states them for Python):
 //  * a row's result depends on its query, its position and the keys/values at positions <= it alone:
 //    the keys are walked in blocks of KEYS at fixed absolute positions, in ascending order, with one
-//    online-softmax update per block; keys past the row's position are masked out of the scores and
-//    left out of the value sums (never multiplied by zero). So a prompt computed whole or in any
+//    online-softmax update per block; a block the row sees whole adds its values with bf16-rounded
+//    weights, the block holding the row's position in float32 over the keys up to it only (keys
+//    past the row are masked out of the scores and never multiplied into its sums). So a prompt computed whole or in any
 //    split, with any batch mates or thread count, gives every row the same bits;
 //  * keys past the last row's position are never read (the buffer may hold anything there);
 //  * scores and sums are float32; the output is rounded to bfloat16 once.
@@ -22,32 +23,39 @@ namespace {
 
 using namespace prefixrag;
 
-constexpr int64_t KEYS = 16;  // keys per block: one score vector
-constexpr int ROWS = 4;       // query rows per pass over a head's keys (their accumulators stay in registers)
+constexpr int64_t KEYS = 64;  // keys per block: four score vectors, one online-softmax update
+constexpr int ROWS = 4;       // query rows per pass over a head's keys: 16 independent score sums
 
-// Keys of one kv head as pairs of dimensions: kt[block][pair][key] (32-bit words, a bf16 pair each),
-// zero past `keys`; what a block's 16 scores are summed from, pair by pair.
-void transpose_keys(const uint32_t* k, int64_t row_words, int64_t keys, int64_t pairs, uint32_t* kt) {
-  const int64_t blocks = (keys + KEYS - 1) / KEYS;
+// One kv head's keys and values as 32-bit words of bf16 pairs, block by block, zero past `keys`:
+//  kt[block][dim pair][key]: a block's scores summed pair of dimensions by pair (AVX512-BF16);
+//  vt[block][key pair][dim]: a block's value sums taken pair of keys by pair.
+void transpose_kv(const bf16* k, const bf16* v, int64_t d, int64_t keys, uint32_t* kt, uint32_t* vt) {
+  const int64_t blocks = (keys + KEYS - 1) / KEYS, pairs = d / 2;
   for (int64_t b = 0; b < blocks; ++b) {
-    uint32_t* dst = kt + b * pairs * KEYS;
+    uint32_t* kd = kt + b * pairs * KEYS;
+    uint32_t* vd = vt + b * (KEYS / 2) * d;
     for (int64_t j = 0; j < KEYS; ++j) {
       const int64_t key = b * KEYS + j;
-      if (key < keys) {
-        const uint32_t* src = k + key * row_words;
-        for (int64_t p = 0; p < pairs; ++p) dst[p * KEYS + j] = src[p];
-      } else {
-        for (int64_t p = 0; p < pairs; ++p) dst[p * KEYS + j] = 0;
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(k + key * d);
+      for (int64_t p = 0; p < pairs; ++p) kd[p * KEYS + j] = key < keys ? src[p] : 0;
+    }
+    for (int64_t m = 0; m < KEYS / 2; ++m) {
+      const int64_t key = b * KEYS + 2 * m;
+      for (int64_t c = 0; c < d; ++c) {
+        const uint32_t lo = key < keys ? v[key * d + c] : 0, hi = key + 1 < keys ? v[(key + 1) * d + c] : 0;
+        vd[m * d + c] = lo | (hi << 16);
       }
     }
   }
 }
 
 // Up to ROWS query rows of one head (positions pos[0..n), ascending) over their keys; D = head dim.
+// A block the row sees whole adds its values with bf16 weights (AVX512-BF16, as torch's kernel
+// rounds them); the block holding the row's position adds them in float32, its own keys only.
 template <int D>
-AVX512 void attend_tile(const bf16* const* qrow, const int64_t* pos, int n, const uint32_t* kt, const bf16* v,
-                        int64_t v_stride, float scale, bf16* const* orow) {
-  constexpr int PAIRS = D / 2, VEC = D / 16;
+AVX512 void attend_tile(const bf16* const* qrow, const int64_t* pos, int n, const uint32_t* kt,
+                        const uint32_t* vt, const bf16* v, float scale, bf16* const* orow) {
+  constexpr int PAIRS = D / 2, VEC = D / 16, HALF = KEYS / 2, NV = KEYS / 16;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   __m512 o[ROWS][VEC];
   float m[ROWS], l[ROWS];
@@ -59,43 +67,76 @@ AVX512 void attend_tile(const bf16* const* qrow, const int64_t* pos, int n, cons
   const uint32_t* q32[ROWS];
   for (int r = 0; r < ROWS; ++r) q32[r] = reinterpret_cast<const uint32_t*>(qrow[r < n ? r : 0]);
   alignas(64) float p[ROWS][KEYS];
+  alignas(64) uint32_t pw[ROWS][HALF];  // the weights as bf16 pairs
   const int64_t last_block = pos[n - 1] / KEYS;
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512 sc = _mm512_set1_ps(scale);
   for (int64_t b = 0; b <= last_block; ++b) {
     const uint32_t* kb = kt + b * PAIRS * KEYS;
-    __m512 s[ROWS];
-    for (int r = 0; r < ROWS; ++r) s[r] = _mm512_setzero_ps();
+    __m512 s[ROWS][NV];
+    for (int r = 0; r < ROWS; ++r)
+      for (int h = 0; h < NV; ++h) s[r][h] = _mm512_setzero_ps();
     for (int d = 0; d < PAIRS; ++d) {
-      __m512bh kv = (__m512bh)_mm512_loadu_si512(kb + d * KEYS);
-      for (int r = 0; r < ROWS; ++r)
-        s[r] = _mm512_dpbf16_ps(s[r], kv, (__m512bh)_mm512_set1_epi32(int(q32[r][d])));
+      __m512bh kk[NV];
+      for (int h = 0; h < NV; ++h) kk[h] = (__m512bh)_mm512_loadu_si512(kb + d * KEYS + 16 * h);
+      for (int r = 0; r < ROWS; ++r) {
+        __m512bh qq = (__m512bh)_mm512_set1_epi32(int(q32[r][d]));
+        for (int h = 0; h < NV; ++h) s[r][h] = _mm512_dpbf16_ps(s[r][h], kk[h], qq);
+      }
     }
     int count[ROWS];
     for (int r = 0; r < ROWS; ++r) {
       const int64_t visible = r < n ? pos[r] - b * KEYS + 1 : 0;  // keys of this block the row sees
       count[r] = int(visible < 0 ? 0 : (visible > KEYS ? KEYS : visible));
       if (count[r] == 0) continue;
-      __mmask16 seen = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(count[r]));
-      __m512 sc = _mm512_mask_mov_ps(_mm512_set1_ps(neg_inf), seen, _mm512_mul_ps(s[r], _mm512_set1_ps(scale)));
-      const float top = std::max(m[r], _mm512_reduce_max_ps(sc));
-      const float shrink = std::exp(m[r] - top);  // exp(-inf) = 0 on the first block
-      __m512 e = _mm512_maskz_mov_ps(seen, exp_ps(_mm512_sub_ps(sc, _mm512_set1_ps(top))));
-      _mm512_store_ps(p[r], e);
-      l[r] = l[r] * shrink + _mm512_reduce_add_ps(e);
-      m[r] = top;
-      const __m512 f = _mm512_set1_ps(shrink);
-      for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_mul_ps(o[r][c], f);
+      const __m512i seen_n = _mm512_set1_epi32(count[r]);
+      __mmask16 seen[NV];
+      __m512 x[NV];
+      __m512 mx = _mm512_set1_ps(neg_inf);
+      for (int h = 0; h < NV; ++h) {
+        seen[h] = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(16 * h)), seen_n);
+        x[h] = _mm512_mask_mov_ps(_mm512_set1_ps(neg_inf), seen[h], _mm512_mul_ps(s[r][h], sc));
+        mx = _mm512_max_ps(mx, x[h]);
+      }
+      const float top = std::max(m[r], _mm512_reduce_max_ps(mx));
+      const __m512 t = _mm512_set1_ps(top);
+      __m512 e[NV];
+      __m512 sum = _mm512_setzero_ps();
+      for (int h = 0; h < NV; ++h) {
+        e[h] = _mm512_maskz_mov_ps(seen[h], exp_ps(_mm512_sub_ps(x[h], t)));
+        sum = _mm512_add_ps(sum, e[h]);
+      }
+      if (top != m[r]) {  // a new maximum: rescale what is summed so far (exp(-inf) = 0 at first)
+        const float shrink = std::exp(m[r] - top);
+        l[r] *= shrink;
+        const __m512 f = _mm512_set1_ps(shrink);
+        for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_mul_ps(o[r][c], f);
+        m[r] = top;
+      }
+      l[r] += _mm512_reduce_add_ps(sum);
+      if (count[r] == KEYS) {
+        for (int h = 0; h < NV; h += 2)
+          _mm512_store_si512(pw[r] + 8 * h, (__m512i)_mm512_cvtne2ps_pbh(e[h + 1], e[h]));
+      } else {
+        for (int h = 0; h < NV; ++h) _mm512_store_ps(p[r] + 16 * h, e[h]);
+      }
     }
-    int most = 0;
-    for (int r = 0; r < ROWS; ++r) most = std::max(most, count[r]);
-    for (int j = 0; j < most; ++j) {
-      const bf16* vr = v + (b * KEYS + j) * v_stride;
-      __m512 vv[VEC];
-      for (int c = 0; c < VEC; ++c) vv[c] = load_bf16(vr + 16 * c);
+    const uint32_t* vb = vt + b * HALF * D;
+    for (int j = 0; j < HALF; ++j) {  // whole blocks: a pair of keys per step
+      __m512bh vv[VEC];
+      for (int c = 0; c < VEC; ++c) vv[c] = (__m512bh)_mm512_loadu_si512(vb + j * D + 16 * c);
       for (int r = 0; r < ROWS; ++r) {
-        if (j >= count[r]) continue;
+        if (count[r] != KEYS) continue;
+        const __m512bh w = (__m512bh)_mm512_set1_epi32(int(pw[r][j]));
+        for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_dpbf16_ps(o[r][c], vv[c], w);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {  // the block holding the row's position: its own keys only
+      if (count[r] == 0 || count[r] == KEYS) continue;
+      for (int j = 0; j < count[r]; ++j) {
+        const bf16* vr = v + (b * KEYS + j) * D;
         const __m512 w = _mm512_set1_ps(p[r][j]);
-        for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_fmadd_ps(w, vv[c], o[r][c]);
+        for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_fmadd_ps(w, load_bf16(vr + 16 * c), o[r][c]);
       }
     }
   }
@@ -128,16 +169,18 @@ torch::Tensor attend_rows(const torch::Tensor& q, const torch::Tensor& k, const 
     TORCH_CHECK(pos[i] >= 0 && (i == 0 || pos[i] > pos[i - 1]), "positions must be ascending and >= 0");
   const int64_t keys = pos[t - 1] + 1;
   TORCH_CHECK(keys <= k.size(1) && keys <= v.size(1), "positions reach past the KV buffer's capacity");
-  const int64_t pairs = d / 2, blocks = (keys + KEYS - 1) / KEYS;
-  std::vector<uint32_t> kt(size_t(kv_heads * blocks * pairs * KEYS));
-  const auto* k32 = reinterpret_cast<const uint32_t*>(k.data_ptr());
+  const int64_t blocks = (keys + KEYS - 1) / KEYS, block_words = KEYS * d / 2;
+  std::vector<uint32_t> kt(size_t(kv_heads * blocks * block_words)), vt(kt.size());
+  const bf16* ks = reinterpret_cast<const bf16*>(k.data_ptr());
+  const bf16* vs = reinterpret_cast<const bf16*>(v.data_ptr());
   at::parallel_for(0, kv_heads, 1, [&](int64_t a, int64_t b) {
-    for (int64_t g = a; g < b; ++g)
-      transpose_keys(k32 + g * (k.stride(0) / 2), d / 2, keys, pairs, kt.data() + g * blocks * pairs * KEYS);
+    for (int64_t g = a; g < b; ++g) {
+      const int64_t at = g * blocks * block_words;
+      transpose_kv(ks + g * k.stride(0), vs + g * v.stride(0), d, keys, kt.data() + at, vt.data() + at);
+    }
   });
   const int64_t tiles = (t + ROWS - 1) / ROWS;
   const bf16* qs = reinterpret_cast<const bf16*>(q.data_ptr());
-  const bf16* vs = reinterpret_cast<const bf16*>(v.data_ptr());
   bf16* os = reinterpret_cast<bf16*>(out.data_ptr());
   // items in zigzag tile order (first, last, second, ...): contiguous thread ranges get equal work
   at::parallel_for(0, tiles * heads, 1, [&](int64_t a, int64_t b) {
@@ -154,12 +197,12 @@ torch::Tensor attend_rows(const torch::Tensor& q, const torch::Tensor& k, const 
         qrow[r] = qs + (i * heads + h) * d;
         orow[r] = os + i * heads * d + h * d;
       }
-      const uint32_t* ktg = kt.data() + g * blocks * pairs * KEYS;
+      const int64_t at = g * blocks * block_words;
       const bf16* vg = vs + g * v.stride(0);
       if (d == 64)
-        attend_tile<64>(qrow, pos + i0, n, ktg, vg, d, float(scale), orow);
+        attend_tile<64>(qrow, pos + i0, n, kt.data() + at, vt.data() + at, vg, float(scale), orow);
       else
-        attend_tile<128>(qrow, pos + i0, n, ktg, vg, d, float(scale), orow);
+        attend_tile<128>(qrow, pos + i0, n, kt.data() + at, vt.data() + at, vg, float(scale), orow);
     }
   });
   return out;

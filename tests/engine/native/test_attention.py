@@ -5,6 +5,8 @@ prompt's answer matches the one torch's kernel gives."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -70,7 +72,7 @@ def test_a_prompt_split_anywhere_gives_every_row_the_same_bits(attention, cuts):
     positions = torch.arange(530)
     whole = attention(q, k, v, positions, SCALE)
     bounds = [0, *cuts, 530]
-    parts = [attention(q[a:b], k, v, positions[a:b], SCALE) for a, b in zip(bounds, bounds[1:])]
+    parts = [attention(q[a:b], k, v, positions[a:b], SCALE) for a, b in itertools.pairwise(bounds)]
     assert torch.equal(torch.cat(parts), whole)
 
 

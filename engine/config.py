@@ -93,11 +93,12 @@ class EngineConfig(BaseModel):
         description="prefill long prompts in chunks; cancellation takes effect between them",
     )
     mixed_prefill_tokens: int = Field(
-        default=256,
+        default=1024,
         ge=16,
-        description="while other requests decode, a prompt is prefilled in chunks of at most this many "
-        "tokens, one between each of their decode steps (continuous batching): a long prompt delays "
-        "a running stream's next token by one chunk's prefill, never by the whole prompt's",
+        description="while other requests decode, each engine step prefills at most this many prompt "
+        "tokens, of one waiting prompt or several, between two of their decode steps (continuous "
+        "batching): a long prompt delays a running stream's next token by one step's budget, never by "
+        "the whole prompt's, and short prompts that arrive together start in one step",
     )
     max_waiting: int = Field(default=256, ge=1, description="bounded queue; more raises QueueFullError")
     max_running: int = Field(

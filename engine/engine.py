@@ -415,17 +415,30 @@ class Engine:
 
     # ---- the worker loop ----------------------------------------------------------------------
     def step(self) -> None:
-        """One scheduling step: start the best waiting request when no prompt is being prefilled and a
-        slot is free, prefill one chunk of that prompt, then advance every running request by one token."""
-        if self._prefilling is None and len(self._running) < self.config.max_running:
-            request = self.scheduler.pop()
-            if request is not None:
+        """One scheduling step: prefill up to a step's token budget of waiting prompts (the one being
+        prefilled, then the best waiting ones while a slot is free), then advance every running request
+        by one token. The budget is ``mixed_prefill_tokens`` while requests decode (what a step may
+        delay their next token by), ``prefill_chunk_tokens`` otherwise."""
+        decoding = bool(self._running)
+        used, prefilled = 0, False
+        while True:
+            # a request that starts decoding within the step caps the rest of it too
+            budget = self.config.mixed_prefill_tokens if self._running else self.config.prefill_chunk_tokens
+            if used >= budget:
+                break
+            if self._prefilling is None:
+                request = self.scheduler.pop() if len(self._running) < self.config.max_running else None
+                if request is None:
+                    break
                 self._guarded(request, self._start)
-        prefilled, decoding = self._prefilling, bool(self._running)
-        if prefilled is not None:
-            self._guarded(prefilled, self._prefill_next)
+                continue  # started (now the one prefilling), finished or failed
+            tokens = self._guarded(
+                self._prefilling, lambda r, limit=budget - used: self._prefill_next(r, limit)
+            )
+            used += max(tokens or 0, 1)
+            prefilled = True
         if self._running:
-            self._counters["mixed_steps"] += prefilled is not None and decoding
+            self._counters["mixed_steps"] += prefilled and decoding
             self._advance_all()
 
     def _loop(self) -> None:
@@ -474,17 +487,15 @@ class Engine:
         req.prefilled = req.cached_tokens
         self._prefilling = req
 
-    def _prefill_next(self, req: Request) -> None:
-        """Prefill the next chunk of the prefilling request's prompt; after its last chunk, its first
-        token. While other requests decode, the chunk is ``mixed_prefill_tokens`` long at most."""
+    def _prefill_next(self, req: Request, limit: int) -> int:
+        """Prefill the next chunk (``limit`` tokens at most) of the prefilling request's prompt; after
+        its last chunk, its first token. Returns the tokens prefilled."""
         assert req.buffer is not None
         if req.cancelled.is_set():
             self._finish(req, "cancelled")
-            return
+            return 0
         end = req.plan.exact_end if req.plan is not None else len(req.prompt_ids)
-        step = self.config.prefill_chunk_tokens
-        if self._running:
-            step = min(step, self.config.mixed_prefill_tokens)
+        step = min(limit, self.config.prefill_chunk_tokens)
         clock = time.perf_counter()
         chunk = req.prompt_ids[req.prefilled : min(end, req.prefilled + step)]
         logits = self.runner.prefill(chunk, req.buffer) if chunk else None
@@ -492,9 +503,10 @@ class Engine:
         req.phases["prefill"] = req.phases.get("prefill", 0.0) + time.perf_counter() - clock
         self._counters["prefill_chunks"] += bool(chunk)
         if req.prefilled < end:
-            return
+            return len(chunk)
         self._prefilling = None
         self._first_token(req, logits)
+        return len(chunk)
 
     def _first_token(self, req: Request, logits: torch.Tensor | None) -> None:
         """The prompt is prefilled up to its plan's exact end (``logits``: of its last position, None
@@ -712,11 +724,13 @@ class Engine:
             self.buffers.give(req.buffer)  # the cache copied what it keeps: the storage is free
         req.buffer = None
 
-    def _guarded(self, req: Request, fn: Any) -> None:
+    def _guarded(self, req: Request, fn: Any) -> Any:
+        """``fn(req)``'s result; a failure fails that request alone (None)."""
         try:
-            fn(req)
+            return fn(req)
         except Exception as exc:
             self._fail(req, exc)
+            return None
 
     # ---- helpers --------------------------------------------------------------------------
     def _cancel(self, req: Request, wait_s: float = 120.0) -> None:

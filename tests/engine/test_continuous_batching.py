@@ -6,6 +6,7 @@ The structure is asserted on the runner's calls (which call ran when), not on ti
 from __future__ import annotations
 
 import itertools
+import threading
 
 import pytest
 
@@ -80,3 +81,28 @@ def test_alone_a_prompt_is_prefilled_in_full_chunks(engine, calls, loaded_model)
     engine.generate(long, SamplingParams(max_tokens=1))
     sizes = [call[2] for call in calls if call[0] == "prefill"]
     assert sizes == [len(long)]  # nothing decodes: no reason to cut it (prefill_chunk_tokens is 1024)
+
+
+def test_short_prompts_that_arrive_together_start_in_one_step(engine, calls, loaded_model, monkeypatch):
+    short = real_text_ids(loaded_model.tokenizer, 40)
+    text = real_text_ids(loaded_model.tokenizer, 400)
+    prompts = [text[100:120], text[200:220]]  # 20 tokens each: both fit one step's budget of MIXED
+    running = engine.stream(short, RUNNING)
+    next(running)  # it decodes from now on
+    held = threading.Event()
+    held.set()
+    pop = engine.scheduler.pop
+    monkeypatch.setattr(engine.scheduler, "pop", lambda: None if held.is_set() else pop())
+    late = [engine.stream(ids, LONG) for ids in prompts]  # both wait before the step that takes them
+    calls.clear()
+    held.clear()
+    for stream in late:
+        assert len([t for ev in stream for t in ev.token_ids]) == LONG.max_tokens
+    running.close()
+
+    kinds = [call[0] for call in calls]
+    first = kinds.index("prefill")
+    assert kinds[first : first + 2] == ["prefill", "prefill"]  # no decode step between the two
+    assert [call[2] for call in calls[first : first + 2]] == [len(ids) for ids in prompts]
+    assert calls[first][1] != calls[first + 1][1]
+    assert "decode" in kinds[first + 2 :]

@@ -11,8 +11,10 @@ or split anywhere, with any thread count, gives every row the same bits, and it 
 scores. Its sums run in another order than torch's, so its results are close to SDPA's, not equal
 (tests/engine/native/test_attention.py measures both).
 
-It runs where the native decode step's bfloat16 CPU conditions hold and the compute dtype and the
-KV store are bfloat16 (:meth:`NativeAttention.of` returns None elsewhere; torch's kernel runs).
+It can run where the native decode step's bfloat16 CPU conditions hold and the compute dtype and
+the KV store are bfloat16 (:meth:`NativeAttention.of` returns None elsewhere). A runner prefers it
+(:func:`preferred`) except on CPUs with AMX, where torch's kernel multiplies in AMX tiles and the
+two were not measured against each other: there torch's kernel stays, as before this kernel existed.
 
 Example:
     >>> attn = NativeAttention.of(torch.bfloat16)                          # doctest: +SKIP
@@ -26,6 +28,7 @@ from typing import Any
 
 import torch
 
+from engine.isa import cpu_flags
 from engine.native.build import NativeBuildError, native_module
 from engine.native.decode import unavailable_reason
 
@@ -71,3 +74,10 @@ class NativeAttention:
         up to each row's position -> ``[T, H * D]``."""
         out: torch.Tensor = self._module.attend_rows(q.contiguous(), keys, values, positions, scale)
         return out
+
+
+def preferred(dtype: torch.dtype, head_dim: int) -> NativeAttention | None:
+    """The kernel a runner uses by default: :meth:`NativeAttention.of`, except on CPUs with AMX."""
+    if "amx_bf16" in cpu_flags():
+        return None
+    return NativeAttention.of(dtype, head_dim)

@@ -1,7 +1,7 @@
 """A prefill's native attention (engine/native/attention.py): as close to exact attention as torch's
 bfloat16 kernel is, every row's bits independent of the split, its batch mates and the thread count,
-keys past the last row never read; the bfloat16 runner uses it where the CPU has AVX512-BF16, and a
-prompt's answer matches the one torch's kernel gives."""
+keys past the last row never read; the bfloat16 runner uses it where the CPU has AVX512-BF16 and no
+AMX, and a prompt's answer matches the one torch's kernel gives."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from engine.fused import FusedLlamaRunner
 from engine.isa import cpu_flags
 from engine.models import load_model
 from engine.native.attention import NativeAttention
+from engine.native.build import build_key
 from engine.native.decode import NEEDED_FLAGS
 
 HAS_CPU = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
@@ -115,9 +116,15 @@ def test_runs_only_for_bfloat16_at_the_head_dims_it_is_compiled_for():
 
 
 @needs_cpu
+def test_a_runner_prefers_it_except_where_the_cpu_has_amx():
+    chosen = FusedLlamaRunner(load_model(dtype="bfloat16").model).attention_kernel
+    assert chosen == ("torch" if "amx_bf16" in cpu_flags() else f"native {build_key()}")
+
+
+@needs_cpu
 def test_the_bfloat16_runner_answers_as_with_torchs_kernel():
     loaded = load_model(dtype="bfloat16")
-    native = FusedLlamaRunner(loaded.model)
+    native = FusedLlamaRunner(loaded.model, native_attention=True)
     plain = FusedLlamaRunner(loaded.model, native_attention=False)
     assert native.attention_kernel.startswith("native ") and plain.attention_kernel == "torch"
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]

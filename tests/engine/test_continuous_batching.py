@@ -14,7 +14,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from tests.engine.reuse_helpers import real_text_ids
 
 MIXED = 64  # mixed_prefill_tokens: chunk size while others decode
-RUNNING = SamplingParams(max_tokens=40, ignore_eos=True)
+RUNNING = SamplingParams(max_tokens=16, ignore_eos=True)
 LONG = SamplingParams(max_tokens=8, ignore_eos=True)
 
 
@@ -52,7 +52,7 @@ def calls(engine, monkeypatch):
 
 def test_a_long_prefill_runs_between_the_decode_steps_of_a_running_stream(engine, calls, loaded_model):
     short = real_text_ids(loaded_model.tokenizer, 40)
-    long = real_text_ids(loaded_model.tokenizer, 700)[100:]  # 600 tokens: ten chunks of MIXED or fewer
+    long = real_text_ids(loaded_model.tokenizer, 400)[100:]  # 300 tokens: five chunks of MIXED or fewer
     solo_short = engine.generate(short, RUNNING).token_ids
     solo_long = engine.generate(long, LONG).token_ids
     calls.clear()
@@ -88,7 +88,8 @@ def test_short_prompts_that_arrive_together_start_in_one_step(engine, calls, loa
     text = real_text_ids(loaded_model.tokenizer, 400)
     prompts = [text[100:120], text[200:220]]  # 20 tokens each: both fit one step's budget of MIXED
     running = engine.stream(short, RUNNING)
-    next(running)  # it decodes from now on
+    next(running)
+    next(running)  # a decode step is done: the step that prefilled it is over, its budget spent
     held = threading.Event()
     held.set()
     pop = engine.scheduler.pop
@@ -103,6 +104,6 @@ def test_short_prompts_that_arrive_together_start_in_one_step(engine, calls, loa
     kinds = [call[0] for call in calls]
     first = kinds.index("prefill")
     assert kinds[first : first + 2] == ["prefill", "prefill"]  # no decode step between the two
-    assert [call[2] for call in calls[first : first + 2]] == [len(ids) for ids in prompts]
+    assert [call[2] for call in calls[first : first + 2]] == [len(ids) for ids in prompts], calls[:12]
     assert calls[first][1] != calls[first + 1][1]
     assert "decode" in kinds[first + 2 :]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -134,6 +135,8 @@ class PrefixragServer(ChildServer):
         env = dict(os.environ)
         env.update({f"PREFIXRAG_ENGINE__{k.upper()}": str(v) for k, v in self.engine.items()})
         env["PREFIXRAG_ENGINE__DISK_CACHE_BYTES"] = "0"
+        # an index of its own: the default one has a single writer (a user's server may hold it)
+        env["PREFIXRAG_INDEX_DIR"] = str(self.log_path.with_suffix(".index"))
         args = [sys.executable, "-m", "rag.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
@@ -153,6 +156,10 @@ class PrefixragServer(ChildServer):
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"prefixrag serve was not ready after {timeout_s:.0f} s: {self.log_tail()}")
+
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(self.log_path.with_suffix(".index"), ignore_errors=True)
 
     def info(self) -> dict[str, Any]:
         return dict(httpx.get(f"http://127.0.0.1:{self.port}/server_info", timeout=10.0).json())

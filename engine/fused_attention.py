@@ -5,7 +5,8 @@ call; the runner's one layer loop (``FusedLlamaRunner.run_layers``) takes any of
     engine.prefill_shapes lays out (query tiles over full, masked key blocks), or each row over its
     own keys in the native kernel (engine.native.attention) where it runs: exact reuse either way;
   * :class:`PositionsAttention`: tokens at explicit ascending positions of one buffer (a stitched
-    prefill), each attending causally over everything the buffer holds before it (an explicit mask);
+    prefill), each attending causally over everything the buffer holds before it (an explicit mask,
+    or the native kernel where it runs);
   * :class:`DecodeAttention`: one new token for each of B buffers, each attending over its own KV
     (with ``exact``: a prefill's shapes, so its KV is the bits a prefill would write).
 
@@ -153,6 +154,7 @@ class PositionsAttention:
     ) -> None:
         self.positions, self.scale = positions, scale
         self.total = int(positions[-1]) + 1
+        # which keys each row sees: SDPA's mask, and what the chunk selection's attention mass reads
         self.mask = torch.arange(self.total, device=positions.device)[None, :] <= positions[:, None]
         self.k_store, self.v_store = buffer.stores()
         self.native = native if native is not None and self.k_store.dtype == torch.bfloat16 else None

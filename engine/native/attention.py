@@ -14,10 +14,10 @@ scores. Its sums run in another order than torch's, so its results are close to 
 It can run where the native decode step's bfloat16 CPU conditions hold and the compute dtype and
 the KV store are bfloat16 (:meth:`NativeAttention.of` returns None elsewhere). A runner prefers it
 (:func:`preferred`) except on CPUs with AMX, where torch's kernel multiplies in AMX tiles and the
-two were not measured against each other: there torch's kernel stays, as before this kernel existed.
+two were not measured against each other: there torch's kernel runs.
 
 Example:
-    >>> attn = NativeAttention.of(torch.bfloat16)                          # doctest: +SKIP
+    >>> attn = NativeAttention.of(torch.bfloat16, head_dim=64)             # doctest: +SKIP
     >>> out = attn(q, k_store[layer, 0], v_store[layer, 0], positions, scale)  # [T, H * D]  # doctest: +SKIP
 """
 
@@ -41,7 +41,7 @@ class NativeAttention:
     """Causal attention of query rows at explicit ascending positions over one layer's KV store.
 
     Example:
-        >>> attn = NativeAttention.of(torch.bfloat16)                     # doctest: +SKIP
+        >>> attn = NativeAttention.of(torch.bfloat16, head_dim=64)        # doctest: +SKIP
         >>> attn(q, keys, values, torch.arange(past, past + len(q)), 0.125).shape  # doctest: +SKIP
         torch.Size([T, H * D])
     """

@@ -367,6 +367,7 @@ class Engine:
             ),
             "prefill_rows": getattr(self.runner, "row_kernels", "torch"),
             "prefill_attention": getattr(self.runner, "attention_kernel", "torch"),
+            "prefill_linears": getattr(self.runner, "linear_kernel", "torch"),
             "caching": self.caching,
             "waiting": len(self.scheduler),
             "running": len(self._running),

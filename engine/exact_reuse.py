@@ -94,6 +94,7 @@ def _configuration(runner: Any) -> tuple[object, ...]:
         getattr(codec, "name", None),
         getattr(runner, "row_kernels", None),
         getattr(runner, "attention_kernel", None),
+        getattr(runner, "linear_kernel", None),
         tiles,
         attention,
         *path_key(),

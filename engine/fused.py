@@ -53,6 +53,8 @@ from engine.llama_weights import (
 from engine.native.attention import NativeAttention, preferred
 from engine.native.build import NativeBuildError, build_key
 from engine.native.decode import NativeDecode, unavailable_reason
+from engine.native.linear import TiledLinear
+from engine.native.linear import preferred as linear_preferred
 from engine.native.rows import NativeRows
 from engine.packed_linear import PackedLinear, packed_menu
 from engine.prefill_shapes import aligned_keys, attention_menu
@@ -89,6 +91,7 @@ class FusedLlamaRunner:
         native_decode: bool = True,
         native_rows: bool = True,
         native_attention: bool | None = None,
+        native_linear: bool | None = None,
     ) -> None:
         reason = fused_unsupported_reason(model)
         if reason:
@@ -119,7 +122,8 @@ class FusedLlamaRunner:
         self.lm_head: Weight
         # int8: the float lm_head and final norm that rescore int8's best candidates exactly
         self.exact_head: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.packed = False  # the float Linears are PackedLinears (the model's own copies unused)
+        self.packed = False  # the runner holds its own packed Linears (the model's own copies unused)
+        self.tiled = False  # they are TiledLinears (engine.native.linear): row-exact at any row count
         # decode in one native call (engine.native.decode); None: the layer loop, for native_reason
         self.native: NativeDecode | None = None
         self.native_reason: str | None = "int8 weights run engine.quant's kernels"
@@ -135,10 +139,17 @@ class FusedLlamaRunner:
         else:
             self.layers = [fuse_layer(layer) for layer in inner.layers]
             self.lm_head = model.lm_head.weight
-            self.native = self._native(native_decode, kv_codec)  # over the plain tensors, before packing
-            # bfloat16: every float matmul on weights packed once for oneDNN (engine.packed_linear)
-            self.packed = all([layer.pack() for layer in self.layers])
-            if self.packed:
+            # bfloat16: every float matmul in the native kernels' column tiles (engine.native.linear)
+            # where preferred (None), wherever they can run with True, never with False
+            if {None: linear_preferred(self.dtype), True: True, False: False}[native_linear]:
+                for layer in self.layers:
+                    layer.tile()
+                self.lm_head = TiledLinear.of(model.lm_head.weight)
+            self.native = self._native(native_decode, kv_codec)  # reads the tiles, or plain tensors
+            # else bfloat16 matmuls on weights packed once for oneDNN (engine.packed_linear)
+            self.tiled = isinstance(self.lm_head, TiledLinear)
+            self.packed = self.tiled or all([layer.pack() for layer in self.layers])
+            if self.packed and not self.tiled:
                 self.lm_head = PackedLinear.of(model.lm_head.weight)
         # float matmuls of TILE rows or more run as calibrated tiles (a prefill always has that many);
         # decode runs its B rows as they are (a GEMV is much faster), unless batch_invariant
@@ -185,6 +196,21 @@ class FusedLlamaRunner:
         return f"native {build_key()}" if self.rows is not None else "torch"
 
     @property
+    def rows_exact(self) -> bool:
+        """Whether a prefill's every kernel computes a row alone at any row count (the native Linears
+        and attention over a bfloat16 KV store): then no row is padded to a tile."""
+        identity = self.kv_codec is None or self.kv_codec.identity
+        return self.tiled and self.attention is not None and identity
+
+    @property
+    def linear_kernel(self) -> str:
+        """What computes a prefill's Linears: ``native <build key>``, or ``onednn``, ``torch`` or ``int8``
+        in row tiles."""
+        if self.tiled:
+            return f"native {build_key()}"
+        return "int8" if self.weights == "int8" else "onednn" if self.packed else "torch"
+
+    @property
     def attention_kernel(self) -> str:
         """What computes a prefill's attention: ``native <build key>`` or ``torch`` (SDPA in tiles)."""
         return f"native {build_key()}" if self.attention is not None else "torch"
@@ -212,6 +238,8 @@ class FusedLlamaRunner:
     # ---- building blocks --------------------------------------------------------------------
     def _linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
         # every projection and the lm_head go through here: x [T, in] -> [T, out]
+        if isinstance(weight, TiledLinear):  # each row alone: no tiles needed
+            return weight(x, bias)
         if isinstance(weight, Int8Weight):
             return int8_linear(x, weight, bias)
         if x.shape[0] < TILE or not self.exact_shapes:  # decode's few rows: no row-exactness promised
@@ -279,15 +307,19 @@ class FusedLlamaRunner:
         return x if self._kv_round is None else self._kv_round(x)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self._linear(self._norm(x, self.final_norm), self.lm_head).float()
+        normed = self._norm(x, self.final_norm)
+        if isinstance(self.lm_head, TiledLinear):  # float32 sums, as the native decode step's
+            return self.lm_head.sums(normed)
+        logits = self._linear(normed, self.lm_head).float()
         if self.exact_head is not None:
             norm, head = self.exact_head
             logits = rescore_top(logits, self._norm(x, norm), head)
         return logits
 
     def last_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Float32 logits ``[vocab]`` of the last row of ``x``, computed as one tile."""
-        return self._logits(pad_rows(x[-1:], TILE))[0]
+        """Float32 logits ``[vocab]`` of the last row of ``x``, computed as one tile (alone where the
+        lm_head is row-exact)."""
+        return self._logits(x[-1:] if self.tiled else pad_rows(x[-1:], TILE))[0]
 
     def embed_ids(self, token_ids: Sequence[int], rows: int = 0) -> torch.Tensor:
         """Hidden states ``[max(len, rows), hidden]`` of ``token_ids``, padded with token 0."""
@@ -342,7 +374,8 @@ class FusedLlamaRunner:
         past = buffer.length
         self._check_context(past + s)
         buffer.ensure_storage(self.kv_heads, self.head_dim, self.dtype, self.device)
-        x = self.embed_ids(token_ids, round_up(s, TILE))  # [R, hidden], the real rows first
+        # [R, hidden], the real rows first: padded to whole matmul tiles unless every kernel is row-exact
+        x = self.embed_ids(token_ids, s if self.rows_exact else round_up(s, TILE))
         positions = torch.arange(past, past + x.shape[0], device=self.device)
         tiles = self.attention_tiles if self.exact_shapes else None
         attention = PrefillAttention(buffer, past, s, tiles, self.scale, self.attention)

@@ -2,7 +2,8 @@
 
 Built from a Hugging Face Llama-family model: q/k/v and gate/up fused into one matrix each (the model's
 own parameters become views into them, so nothing is held twice), or the model's int8 copy
-(engine.quant); bfloat16 weights prepacked for their kernel (engine.packed_linear).
+(engine.quant); bfloat16 weights prepacked for their kernel (engine.packed_linear, or the native
+kernels' column tiles: engine.native.linear).
 
 Example:
     >>> layers = [fuse_layer(layer) for layer in model.model.layers]   # doctest: +SKIP
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from engine.native.linear import TiledLinear
 from engine.packed_linear import PackedLinear, packing_supported
 from engine.quant.linear import Int8Weight
 from engine.quant.model import int8_model
@@ -24,7 +26,8 @@ from engine.runner import prefix_reuse_blocker
 
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
 _FUSED_MARKER = "_prefixrag_fused_"  # module attribute holding the fused tensor its slices view
-Weight = torch.Tensor | Int8Weight | PackedLinear  # a Linear weight [out, in]: float, int8 or packed
+# a Linear weight [out, in]: float, int8, or packed for oneDNN or for the native kernels
+Weight = torch.Tensor | Int8Weight | PackedLinear | TiledLinear
 
 
 @dataclass
@@ -49,6 +52,15 @@ class LlamaLayer:
             PackedLinear.of(w) for w in weights if isinstance(w, torch.Tensor)
         )
         return True
+
+    def tile(self) -> None:
+        """Hold the float Linears packed in column tiles for the native kernels (engine.native.linear)."""
+        weights = (self.wqkv, self.wo, self.wgu, self.wdown)
+        if not all(isinstance(w, torch.Tensor) for w in weights):
+            raise TypeError("only float Linears can be packed in column tiles")
+        self.wqkv, self.wo, self.wgu, self.wdown = (
+            TiledLinear.of(w) for w in weights if isinstance(w, torch.Tensor)
+        )
 
     def tensors(self) -> list[Weight | None]:
         return [self.in_norm, self.post_norm, self.wqkv, self.bqkv, self.wo, self.bo, self.wgu, self.wdown]
@@ -122,6 +134,8 @@ def weight_bytes(held: list[Weight | None]) -> int:
     tensors: dict[int, int] = {}
     other = 0
     for w in held:
+        if isinstance(w, TiledLinear):
+            w = w.tiles  # a tensor the native decode step holds too
         if isinstance(w, (Int8Weight, PackedLinear)):
             other += w.nbytes
         elif w is not None:

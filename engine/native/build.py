@@ -39,9 +39,10 @@ SOURCES = tuple(
         "decode_step_f32.cpp",
         "prefill_rows.cpp",
         "prefill_attention.cpp",
+        "linear_tiles.cpp",
     )
 )
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "team.h"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "team.h", "tiles.h"))
 FOLDER = Path(__file__).parent
 CFLAGS = [
     "-O3",

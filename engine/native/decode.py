@@ -6,7 +6,8 @@ and oneDNN's bfloat16 kernels for a decode step's few rows do not stream the wei
 machine's read bandwidth, so decode pays per-call overhead rather than bytes (measured:
 docs/benchmarks/native/README.md). The native step (``decode_step.cpp``, compiled once per
 machine: engine.native.build) runs the same layers in one call: AVX512-BF16 dot products over the
-weights as they are stored, RMSNorm, RoPE, SiLU and the residual adds fused around them, attention
+weights packed once in tiles of 16 output columns (engine.native.linear: each instruction adds into
+16 columns' sums, so several rows share one pass over the weights), RMSNorm, RoPE, SiLU and the residual adds fused around them, attention
 per head over the KV buffer in place, on a thread team of its own. It rounds to bfloat16 wherever
 the Python loop does; its sums run in another order, so its results are close to the loop's, not
 equal (tests/engine/native/test_decode.py checks greedy answers and the distance to float32). What
@@ -37,6 +38,7 @@ from engine.isa import cpu_flags
 from engine.kv.state import KVBuffer
 from engine.llama_weights import LlamaLayer
 from engine.native.build import NativeBuildError, native_module
+from engine.native.linear import TiledLinear, pack_column_tiles
 
 NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")
 NARROW_CAPABILITIES = ("default", "avx2")  # ATEN_CPU_CAPABILITY values that emulate a CPU without AVX-512
@@ -65,6 +67,15 @@ def unavailable_reason(dtype: torch.dtype, float_weights: bool, kv_identity: boo
     return None
 
 
+MATMULS = (2, 4, 6, 7)  # a layer row's wqkv, wo, wgu, wdown
+
+
+def _held(weight: torch.Tensor | TiledLinear, packed: bool) -> torch.Tensor:
+    if isinstance(weight, TiledLinear):  # the prefill's packed copy: held once, read by both
+        return weight.tiles
+    return pack_column_tiles(weight) if packed else weight.detach().contiguous()
+
+
 class NativeDecode:
     """The native decode step over one model's weights (plain bfloat16 tensors, held, not copied)."""
 
@@ -82,26 +93,29 @@ class NativeDecode:
         eps: float,
         scale: float,
     ) -> NativeDecode:
-        """Build over ``layers`` (plain tensors, before any packing); raises NativeBuildError."""
+        """Build over ``layers`` (plain tensors or :class:`TiledLinear`, before oneDNN packing); raises
+        NativeBuildError."""
         dtype = final_norm.dtype
         if dtype not in STEPS:
             raise NativeBuildError(f"no native step computes in {dtype}")
         empty = torch.empty(0, dtype=dtype)
+        packed = dtype == torch.bfloat16  # the float32 step reads plain row-major weights
         tensors = []
         for layer in layers:
             row = [layer.in_norm, layer.post_norm, layer.wqkv, layer.bqkv, layer.wo, layer.bo]
             row += [layer.wgu, layer.wdown]
             plain = [empty if t is None else t for t in row]
-            if not all(isinstance(t, torch.Tensor) for t in plain):
-                raise NativeBuildError("the native step needs plain float weights")
-            tensors.append([t.detach().contiguous() for t in plain if isinstance(t, torch.Tensor)])
-        if not isinstance(lm_head, torch.Tensor):
-            raise NativeBuildError("the native step needs a plain float lm_head")
+            if not all(isinstance(t, (torch.Tensor, TiledLinear)) for t in plain):
+                raise NativeBuildError("the native step needs float weights")
+            tensors.append([_held(t, packed and i in MATMULS) for i, t in enumerate(plain)])  # type: ignore[arg-type]
+        if not isinstance(lm_head, (torch.Tensor, TiledLinear)):
+            raise NativeBuildError("the native step needs a float lm_head")
+        lm_head = _held(lm_head, packed)
         heads, kv_heads, head_dim = geometry
         module = native_module()
         try:
             model = getattr(module, STEPS[dtype][0])(
-                tensors, final_norm.detach().contiguous(), lm_head.detach().contiguous(),
+                tensors, final_norm.detach().contiguous(), lm_head,
                 heads, kv_heads, head_dim, eps, scale,
             )  # fmt: skip
         except RuntimeError as exc:  # a geometry the kernels do not cover

@@ -6,6 +6,7 @@
 //    by output column or by head, never inside a sum);
 //  * each step rounds to bfloat16 where the Python layer loop (engine/fused.py) does: the normed
 //    input, the projections, each RoPE product and sum, the residual adds, SiLU and its product;
+//    the logits are the lm_head's float32 sums (as the prefill's tiled lm_head gives them);
 //  * a layer without a bias passes an empty tensor for it;
 //  * attention reads keys and values in the KV buffer's layout [layers, 1, kv_heads, capacity, dim].
 #include <ATen/Parallel.h>
@@ -13,6 +14,7 @@
 
 #include "bf16.h"
 #include "team.h"
+#include "tiles.h"
 
 #include <cmath>
 #include <cstdint>
@@ -30,56 +32,44 @@ namespace {
 
 using namespace prefixrag;
 
-// y[i, n] = x[i, :] . w[n, :] for ROWS rows of x, output columns [n0, n1); w [N, K] row-major.
-template <int ROWS>
-AVX512 void gemv_rows(const bf16* x, const bf16* w, float* y, int64_t k, int64_t ldy, int64_t n0, int64_t n1) {
-  constexpr int NB = ROWS > 4 ? 2 : 4;  // weight rows in flight: independent sums hide the dot product's latency
-  constexpr int AHEAD = 4 * NB;  // rows prefetched ahead: the loads of a few blocks overlap the sums
-  int64_t n = n0;
-  for (; n + NB <= n1; n += NB) {
-    __m512 acc[NB][ROWS];
-    for (int r = 0; r < NB; ++r)
-      for (int i = 0; i < ROWS; ++i) acc[r][i] = _mm512_setzero_ps();
-    const bf16* wr = w + n * k;
-    for (int64_t j = 0; j < k; j += 32) {
-      for (int r = 0; r < NB; ++r) _mm_prefetch((const char*)(wr + (AHEAD + r) * k + j), _MM_HINT_T1);
-      for (int r = 0; r < NB; ++r) {
-        __m512bh wv = (__m512bh)_mm512_loadu_si512(wr + r * k + j);
-        for (int i = 0; i < ROWS; ++i)
-          acc[r][i] = _mm512_dpbf16_ps(acc[r][i], (__m512bh)_mm512_loadu_si512(x + i * k + j), wv);
-      }
-    }
-    for (int r = 0; r < NB; ++r)
-      for (int i = 0; i < ROWS; ++i) y[i * ldy + n + r] = _mm512_reduce_add_ps(acc[r][i]);
-  }
-  for (; n < n1; ++n) {
-    __m512 acc[ROWS];
-    for (int i = 0; i < ROWS; ++i) acc[i] = _mm512_setzero_ps();
-    const bf16* wr = w + n * k;
-    for (int64_t j = 0; j < k; j += 32) {
-      __m512bh wv = (__m512bh)_mm512_loadu_si512(wr + j);
-      for (int i = 0; i < ROWS; ++i)
-        acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_loadu_si512(x + i * k + j), wv);
-    }
-    for (int i = 0; i < ROWS; ++i) y[i * ldy + n] = _mm512_reduce_add_ps(acc[i]);
+// y [m, n] (float32 sums) = x [m, k] @ w^T for w packed in tiles, split by column tile across threads
+void gemv(Team& team, const bf16* x, const bf16* w, float* y, int64_t m, int64_t k, int64_t n) {
+  team.parallel(n / TILE_COLS, [&](int64_t a, int64_t b) {
+    tile_sums(x, w, y, m, k, n, a, b);
+  });
+}
+
+// out = bf16(bf16(sums) (+ bias, rounded)) for n values; n a multiple of 16
+AVX512 void round_sums(const float* sums, const bf16* bias, bf16* out, int64_t n) {
+  for (int64_t j = 0; j < n; j += 16) {
+    __m512 v = round_bf16_ps(_mm512_loadu_ps(sums + j));
+    if (bias != nullptr) v = _mm512_add_ps(v, load_bf16(bias + j));
+    _mm256_storeu_si256((__m256i*)(out + j), pack_bf16(v));
   }
 }
 
+// x += bf16(bf16(sums) (+ bias, rounded)) for n values; n a multiple of 16
+AVX512 void add_sums(const float* sums, const bf16* bias, bf16* x, int64_t n) {
+  for (int64_t j = 0; j < n; j += 16) {
+    __m512 v = round_bf16_ps(_mm512_loadu_ps(sums + j));
+    if (bias != nullptr) v = round_bf16_ps(_mm512_add_ps(v, load_bf16(bias + j)));
+    _mm256_storeu_si256((__m256i*)(x + j), pack_bf16(_mm512_add_ps(load_bf16(x + j), v)));
+  }
+}
 
-using GemvFn = void (*)(const bf16*, const bf16*, float*, int64_t, int64_t, int64_t, int64_t);
-constexpr int64_t MAX_ROWS = 8;  // rows per pass over the weights (NB * ROWS sums fill the 32 registers)
-const GemvFn GEMV[MAX_ROWS + 1] = {nullptr,         gemv_rows<1>, gemv_rows<2>, gemv_rows<3>, gemv_rows<4>,
-                                   gemv_rows<5>, gemv_rows<6>, gemv_rows<7>, gemv_rows<8>};
-
-// y [m, n] (float32 sums) = x [m, k] @ w[n, k]^T, split by output column across threads
-void gemv(Team& team, const bf16* x, const bf16* w, float* y, int64_t m, int64_t k, int64_t n) {
-  team.parallel((n + 15) / 16, [&](int64_t a, int64_t b) {
-    int64_t lo = a * 16, hi = std::min(n, b * 16);
-    for (int64_t i = 0; i < m; i += MAX_ROWS) {
-      int rows = int(std::min<int64_t>(MAX_ROWS, m - i));
-      GEMV[rows](x + i * k, w, y + i * n, k, n, lo, hi);
-    }
-  });
+// one head's RoPE in place: x * cos + rotate_half(x) * sin, each product rounded, the sum rounded
+AVX512 void rope_head(bf16* v, const bf16* cs, const bf16* sn, int64_t d) {
+  const int64_t half = d / 2;
+  const __m512 sign = _mm512_set1_ps(-0.f);
+  for (int64_t j = 0; j < half; j += 16) {
+    __m512 lo = load_bf16(v + j), hi = load_bf16(v + half + j);
+    __m512 lo_out = _mm512_add_ps(round_bf16_ps(_mm512_mul_ps(lo, load_bf16(cs + j))),
+                                  round_bf16_ps(_mm512_mul_ps(_mm512_xor_ps(hi, sign), load_bf16(sn + j))));
+    __m512 hi_out = _mm512_add_ps(round_bf16_ps(_mm512_mul_ps(hi, load_bf16(cs + half + j))),
+                                  round_bf16_ps(_mm512_mul_ps(lo, load_bf16(sn + half + j))));
+    _mm256_storeu_si256((__m256i*)(v + j), pack_bf16(lo_out));
+    _mm256_storeu_si256((__m256i*)(v + half + j), pack_bf16(hi_out));
+  }
 }
 
 // out = bf16(bf16(silu(g)) * u) for the gate g = bf16(sums[:n]) and value u = bf16(sums[n:2n])
@@ -101,70 +91,103 @@ AVX512 inline __m128 sum4(const __m512* a) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// one query head over keys [0, len): out (bf16) = softmax(q . k * scale) @ v; d a multiple of 32
-AVX512 void attend_head(const bf16* q, const bf16* keys, const bf16* values, int64_t len, int64_t d,
-                        float scale, float* scores, bf16* out) {
-  float best = -INFINITY;
+// out[h][16 c .. 16 (c + CB)) = bf16(sum_t p[h][t] v[t] * inv[h]) for NH heads, each lane summed over t in order
+template <int NH, int CB>
+AVX512 void weigh_values(const float* scores, const bf16* values, int64_t len, int64_t d, int64_t c, const float* inv,
+                         bf16* out) {
+  __m512 acc[NH][CB];
+  for (int hd = 0; hd < NH; ++hd)
+    for (int u = 0; u < CB; ++u) acc[hd][u] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < len; ++t) {
+    const bf16* vt = values + t * d + 16 * c;
+    for (int u = 0; u < CB; ++u) {
+      __m512 v = load_bf16(vt + 16 * u);
+      for (int hd = 0; hd < NH; ++hd) acc[hd][u] = _mm512_fmadd_ps(_mm512_set1_ps(scores[hd * len + t]), v, acc[hd][u]);
+    }
+  }
+  for (int hd = 0; hd < NH; ++hd)
+    for (int u = 0; u < CB; ++u)
+      _mm256_storeu_si256((__m256i*)(out + hd * d + 16 * (c + u)),
+                          pack_bf16(_mm512_mul_ps(acc[hd][u], _mm512_set1_ps(inv[hd]))));
+}
+
+// NH query heads of one KV group over keys [0, len): out[h] (bf16) = softmax(q[h] . k * scale) @ v,
+// d a multiple of 32, q and out heads d apart, scores [NH][len]. A head's arithmetic is the same for
+// any NH (the heads share only the loads of keys and values), so grouping never changes a bit.
+template <int NH>
+AVX512 void attend_heads(const bf16* q, const bf16* keys, const bf16* values, int64_t len, int64_t d, float scale,
+                         float* scores, bf16* out) {
+  float best[NH];
+  for (int hd = 0; hd < NH; ++hd) best[hd] = -INFINITY;
   int64_t t = 0;
   for (; t + 4 <= len; t += 4) {  // four keys at a time: one shuffle tree sums their lanes
-    __m512 acc[4];
-    for (int u = 0; u < 4; ++u) {
-      const bf16* kt = keys + (t + u) * d;
-      acc[u] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < d; j += 32)
-        acc[u] = _mm512_dpbf16_ps(acc[u], (__m512bh)_mm512_loadu_si512(q + j), (__m512bh)_mm512_loadu_si512(kt + j));
-    }
-    __m128 s4 = _mm_mul_ps(sum4(acc), _mm_set1_ps(scale));
-    _mm_storeu_ps(scores + t, s4);
-    best = std::max(best, _mm_cvtss_f32(_mm_max_ps(_mm_max_ps(s4, _mm_movehl_ps(s4, s4)),
-                                                   _mm_shuffle_ps(_mm_max_ps(s4, _mm_movehl_ps(s4, s4)),
-                                                                  _mm_max_ps(s4, _mm_movehl_ps(s4, s4)), 1))));
-  }
-  for (; t < len; ++t) {
-    const bf16* kt = keys + t * d;
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[NH][4];
+    for (int hd = 0; hd < NH; ++hd)
+      for (int u = 0; u < 4; ++u) acc[hd][u] = _mm512_setzero_ps();
     for (int64_t j = 0; j < d; j += 32)
-      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + j), (__m512bh)_mm512_loadu_si512(kt + j));
-    scores[t] = _mm512_reduce_add_ps(acc) * scale;
-    best = std::max(best, scores[t]);
-  }
-  __m512 vbest = _mm512_set1_ps(best), vsum = _mm512_setzero_ps();
-  t = 0;
-  for (; t + 16 <= len; t += 16) {
-    __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(scores + t), vbest));
-    _mm512_storeu_ps(scores + t, e);
-    vsum = _mm512_add_ps(vsum, e);
-  }
-  float total = _mm512_reduce_add_ps(vsum);
-  for (; t < len; ++t) {
-    scores[t] = std::exp(scores[t] - best);
-    total += scores[t];
-  }
-  const int64_t chunks = d / 16;  // float32 accumulators of 16 lanes
-  __m512 acc[16];
-  for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
-  for (t = 0; t < len; ++t) {
-    __m512 p = _mm512_set1_ps(scores[t]);
-    const bf16* vt = values + t * d;
-    for (int64_t c = 0; c < chunks; ++c) {
-      __m256i raw = _mm256_loadu_si256((const __m256i*)(vt + 16 * c));
-      __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-      acc[c] = _mm512_fmadd_ps(p, v, acc[c]);
+      for (int u = 0; u < 4; ++u) {
+        __m512bh kv = (__m512bh)_mm512_loadu_si512(keys + (t + u) * d + j);
+        for (int hd = 0; hd < NH; ++hd)
+          acc[hd][u] = _mm512_dpbf16_ps(acc[hd][u], (__m512bh)_mm512_loadu_si512(q + hd * d + j), kv);
+      }
+    for (int hd = 0; hd < NH; ++hd) {
+      __m128 s4 = _mm_mul_ps(sum4(acc[hd]), _mm_set1_ps(scale));
+      _mm_storeu_ps(scores + hd * len + t, s4);
+      __m128 m2 = _mm_max_ps(s4, _mm_movehl_ps(s4, s4));
+      best[hd] = std::max(best[hd], _mm_cvtss_f32(_mm_max_ps(m2, _mm_shuffle_ps(m2, m2, 1))));
     }
   }
-  float buf[16];
-  float inv = 1.f / total;
-  for (int64_t c = 0; c < chunks; ++c) {
-    _mm512_storeu_ps(buf, acc[c]);
-    for (int l = 0; l < 16; ++l) out[16 * c + l] = to_bf16(buf[l] * inv);
+  for (; t < len; ++t)
+    for (int hd = 0; hd < NH; ++hd) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t j = 0; j < d; j += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + hd * d + j),
+                               (__m512bh)_mm512_loadu_si512(keys + t * d + j));
+      scores[hd * len + t] = _mm512_reduce_add_ps(acc) * scale;
+      best[hd] = std::max(best[hd], scores[hd * len + t]);
+    }
+  float inv[NH];
+  for (int hd = 0; hd < NH; ++hd) {
+    float* row = scores + hd * len;
+    __m512 vbest = _mm512_set1_ps(best[hd]), vsum = _mm512_setzero_ps();
+    t = 0;
+    for (; t + 16 <= len; t += 16) {
+      __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(row + t), vbest));
+      _mm512_storeu_ps(row + t, e);
+      vsum = _mm512_add_ps(vsum, e);
+    }
+    float total = _mm512_reduce_add_ps(vsum);
+    for (; t < len; ++t) {
+      row[t] = std::exp(row[t] - best[hd]);
+      total += row[t];
+    }
+    inv[hd] = 1.f / total;
   }
+  // values, four 16-lane chunks of the head dim at a time (then two): NH * 4 independent sums
+  int64_t c = 0;
+  for (; c + 4 <= d / 16; c += 4) weigh_values<NH, 4>(scores, values, len, d, c, inv, out);
+  for (; c < d / 16; c += 2) weigh_values<NH, 2>(scores, values, len, d, c, inv, out);
 }
+
+using AttendFn = void (*)(const bf16*, const bf16*, const bf16*, int64_t, int64_t, float, float*, bf16*);
+constexpr int64_t MAX_GROUP = 4;  // query heads sharing one pass over their group's keys
+const AttendFn ATTEND[MAX_GROUP + 1] = {nullptr, attend_heads<1>, attend_heads<2>, attend_heads<3>, attend_heads<4>};
 
 struct Layer {
   torch::Tensor in_norm, post_norm, wqkv, bqkv, wo, bo, wgu, wdown;
 };
 
 const bf16* ptr(const torch::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); }
+
+// a weight packed in column tiles [n / 16, k / 2, 16, 2]: its n and k
+int64_t columns(const torch::Tensor& w) { return w.size(0) * TILE_COLS; }
+int64_t inputs(const torch::Tensor& w) { return w.size(1) * 2; }
+
+void check_tiles(const torch::Tensor& w, int64_t n, int64_t k) {
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.dim() == 4 && w.is_contiguous() && w.size(2) == TILE_COLS &&
+                  w.size(3) == 2 && columns(w) == n && inputs(w) == k,
+              "a weight must be bf16 packed in column tiles [", n, " / 16, ", k, " / 2, 16, 2]");
+}
 
 // A model's decode step: weights held once, plain row-major bfloat16.
 class DecodeModel {
@@ -177,11 +200,19 @@ class DecodeModel {
       TORCH_CHECK(l.size() == 8, "a layer is 8 tensors (norms, wqkv, bqkv, wo, bo, wgu, wdown)");
       layers_.push_back(Layer{l[0], l[1], l[2], l[3], l[4], l[5], l[6], l[7]});
     }
-    hidden_ = lm_head.size(1);
-    inter_ = layers_[0].wdown.size(1);
+    hidden_ = inputs(lm_head);
+    inter_ = inputs(layers_[0].wdown);
     TORCH_CHECK(head_dim_ % 32 == 0 && hidden_ % 32 == 0 && inter_ % 32 == 0 && head_dim_ <= 256 &&
                     heads_ % kv_heads_ == 0,
                 "native decode needs the head dim, hidden and intermediate sizes in multiples of 32");
+    const int64_t qkv_n = (heads_ + 2 * kv_heads_) * head_dim_;
+    check_tiles(lm_head_, columns(lm_head_), hidden_);
+    for (const Layer& L : layers_) {
+      check_tiles(L.wqkv, qkv_n, hidden_);
+      check_tiles(L.wo, hidden_, heads_ * head_dim_);
+      check_tiles(L.wgu, 2 * inter_, hidden_);
+      check_tiles(L.wdown, hidden_, inter_);
+    }
   }
 
   // x [m, hidden] bf16 embeddings of the new tokens, cos/sin [m, head_dim] bf16 at each row's
@@ -220,12 +251,8 @@ class DecodeModel {
       const Layer& L = layers_[li];
       for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(L.in_norm), normed.data() + i * h, h, eps_);
       gemv(team, normed.data(), ptr(L.wqkv), sums.data(), m, h, qkv_n);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < qkv_n; ++j) {
-          float v = round_bf16(sums[i * qkv_n + j]);
-          if (L.bqkv.numel() > 0) v = round_bf16(v + to_float(ptr(L.bqkv)[j]));
-          qkv[i * qkv_n + j] = to_bf16(v);
-        }
+      const bf16* bqkv = L.bqkv.numel() > 0 ? ptr(L.bqkv) : nullptr;
+      for (int64_t i = 0; i < m; ++i) round_sums(sums.data() + i * qkv_n, bqkv, qkv.data() + i * qkv_n, qkv_n);
       rope(qkv.data(), cs, sn, m, qkv_n);
       write_kv(qkv.data(), k_stores, v_stores, pasts, li, qkv_n);
       attention(team, qkv.data(), k_stores, v_stores, pasts, li, qkv_n, longest, attn.data());
@@ -236,31 +263,20 @@ class DecodeModel {
       project_add(team, act.data(), L.wdown, no_bias_, xs, sums.data(), m, inter_, h);
     }
     for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(final_norm_), normed.data() + i * h, h, eps_);
-    const int64_t vocab = lm_head_.size(0);
+    const int64_t vocab = columns(lm_head_);
     auto logits = torch::empty({m, vocab}, torch::kFloat32);
     float* out = logits.data_ptr<float>();
     gemv(team, normed.data(), ptr(lm_head_), out, m, h, vocab);
-    // the Python path's logits are the bf16 product cast to float32
-    for (int64_t j = 0; j < m * vocab; ++j) out[j] = round_bf16(out[j]);
+    // the float32 sums, as the prefill's tiled lm_head gives them (engine.native.linear)
     return logits;
   }
 
  private:
   // q and k heads rotate in place: x * cos + rotate_half(x) * sin, each product and the sum rounded
   void rope(bf16* qkv, const bf16* cs, const bf16* sn, int64_t m, int64_t qkv_n) const {
-    const int64_t d = head_dim_, half = d / 2;
-    float tmp[256];
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t hh = 0; hh < heads_ + kv_heads_; ++hh) {
-        bf16* v = qkv + i * qkv_n + hh * d;
-        for (int64_t j = 0; j < d; ++j) {
-          float rot = j < half ? -to_float(v[j + half]) : to_float(v[j - half]);
-          float a = round_bf16(to_float(v[j]) * to_float(cs[i * d + j]));
-          float b = round_bf16(rot * to_float(sn[i * d + j]));
-          tmp[j] = a + b;
-        }
-        for (int64_t j = 0; j < d; ++j) v[j] = to_bf16(tmp[j]);
-      }
+      for (int64_t hh = 0; hh < heads_ + kv_heads_; ++hh)
+        rope_head(qkv + i * qkv_n + hh * head_dim_, cs + i * head_dim_, sn + i * head_dim_, head_dim_);
   }
 
   void write_kv(const bf16* qkv, std::vector<torch::Tensor>& ks, std::vector<torch::Tensor>& vs,
@@ -281,15 +297,20 @@ class DecodeModel {
     return reinterpret_cast<bf16*>(store.data_ptr()) + layer * s[0] + group * s[2] + pos * s[3];
   }
 
+  // per row, each KV group's query heads in batches that share the loads of the group's keys, when the
+  // rows give every thread several batches; else one head per task (the bits are the same either way)
   void attention(Team& team, const bf16* qkv, std::vector<torch::Tensor>& ks, std::vector<torch::Tensor>& vs,
                  const std::vector<int64_t>& pasts, size_t layer, int64_t qkv_n, int64_t longest, bf16* out) const {
     const int64_t d = head_dim_, m = int64_t(pasts.size()), group = heads_ / kv_heads_;
-    team.parallel(m * heads_, [&](int64_t a, int64_t b) {
-      std::vector<float> scores(longest);
+    const int64_t batch = m * kv_heads_ >= 4 * team.threads() ? std::min(group, MAX_GROUP) : 1;
+    const int64_t batches = (group + batch - 1) / batch;  // per KV group
+    team.parallel(m * kv_heads_ * batches, [&](int64_t a, int64_t b) {
+      std::vector<float> scores(batch * longest);
       for (int64_t task = a; task < b; ++task) {
-        int64_t i = task / heads_, hh = task % heads_, g = hh / group;
-        attend_head(qkv + i * qkv_n + hh * d, slot(ks[i], layer, g, 0), slot(vs[i], layer, g, 0), pasts[i] + 1, d,
-                    scale_, scores.data(), out + (i * heads_ + hh) * d);
+        int64_t i = task / (kv_heads_ * batches), g = task / batches % kv_heads_, first = (task % batches) * batch;
+        int64_t hh = g * group + first, n = std::min(batch, group - first);
+        ATTEND[n](qkv + i * qkv_n + hh * d, slot(ks[i], layer, g, 0), slot(vs[i], layer, g, 0), pasts[i] + 1, d, scale_,
+                  scores.data(), out + (i * heads_ + hh) * d);
       }
     });
   }
@@ -298,12 +319,8 @@ class DecodeModel {
   static void project_add(Team& team, const bf16* in, const torch::Tensor& w, const torch::Tensor& bias, bf16* x, float* sums,
                           int64_t m, int64_t k, int64_t h) {
     gemv(team, in, ptr(w), sums, m, k, h);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < h; ++j) {
-        float v = round_bf16(sums[i * h + j]);
-        if (bias.numel() > 0) v = round_bf16(v + to_float(ptr(bias)[j]));
-        x[i * h + j] = to_bf16(to_float(x[i * h + j]) + v);
-      }
+    const bf16* b = bias.numel() > 0 ? ptr(bias) : nullptr;
+    for (int64_t i = 0; i < m; ++i) add_sums(sums + i * h, b, x + i * h, h);
   }
 
   std::vector<Layer> layers_;

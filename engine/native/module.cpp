@@ -1,14 +1,16 @@
-// The native extension's Python module: the decode step, the prefill's row operations and its attention.
+// The native extension's Python module: the decode step, the prefill's row operations, attention and Linears.
 #include <torch/extension.h>
 
 void bind_decode_step(pybind11::module_& mod);
 void bind_decode_step_f32(pybind11::module_& mod);
 void bind_prefill_rows(pybind11::module_& mod);
 void bind_prefill_attention(pybind11::module_& mod);
+void bind_linear_tiles(pybind11::module_& mod);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   bind_decode_step(mod);
   bind_decode_step_f32(mod);
   bind_prefill_rows(mod);
   bind_prefill_attention(mod);
+  bind_linear_tiles(mod);
 }

@@ -28,6 +28,15 @@ PROMPTS = [
     "def fibonacci(n):\n    ",
     "List three primary colors:",
 ]
+# closeness to float32 is a sum of rounding noise: enough positions that one near-tie does not decide it
+CLOSENESS_PROMPTS = PROMPTS + [
+    "Once upon a time, in a small village,",
+    "The quick brown fox",
+    "Explain photosynthesis in one sentence.",
+    "import numpy as np\n",
+    "Q: What is 12 times 7?\nA:",
+]
+CLOSENESS_STEPS = 24
 
 
 @pytest.fixture(scope="module")
@@ -64,26 +73,39 @@ def _kl(rows, reference):
 
 
 @needs_cpu
-def test_greedy_answers_equal_the_layer_loop_and_as_close_to_float32(runner, loaded_model):
+def test_greedy_tokens_and_distributions_as_close_to_float32_as_the_layer_loop(runner, loaded_model):
     reference = FusedLlamaRunner(loaded_model.model, native_decode=False)  # float32, the layer loop
-    native_kl, loop_kl = [], []
-    for text in PROMPTS:
+    agree = {"native": 0, "loop": 0}
+    kl: dict[str, list[float]] = {"native": [], "loop": []}
+    for text in CLOSENESS_PROMPTS:
         ids = _prompt(loaded_model, text)
-        native_tokens, native_rows = _decode(runner, ids, 16, native=True)
-        loop_tokens, loop_rows = _decode(runner, ids, 16, native=False)
-        assert native_tokens == loop_tokens, text
-        float_rows = _forced(reference, ids, native_tokens)
-        native_kl.append(_kl(native_rows, float_rows))
-        loop_kl.append(_kl(loop_rows, float_rows))
-    # both round to bfloat16 at the same steps, in another order of float32 sums: neither is the
-    # closer one by design, so the native step must be about as close to float32 as the loop is
-    assert sum(native_kl) <= 1.5 * sum(loop_kl), (native_kl, loop_kl)
+        tokens, _ = _decode(reference, ids, CLOSENESS_STEPS, native=False)
+        float_rows = _forced(reference, ids, tokens)
+        for kind in agree:  # both bfloat16 steps fed float32's greedy answer, token by token
+            rows = _forced_bf16(runner, ids, tokens, native=kind == "native")
+            agree[kind] += sum(int(row.argmax()) == int(want.argmax()) for row, want in zip(rows, float_rows))
+            kl[kind].append(_kl(rows, float_rows))
+    # both round to bfloat16 at the same steps, with float32 sums in other orders (attention's, and the
+    # Linears' too where those are oneDNN's): neither is the closer one by design (a near-tie of two tokens may fall either way), so the native step must be
+    # about as close to float32 as the loop is, in greedy choices and in distributions
+    assert agree["native"] >= agree["loop"] - 1, agree
+    assert agree["native"] >= 0.9 * CLOSENESS_STEPS * len(CLOSENESS_PROMPTS), agree
+    assert sum(kl["native"]) <= 1.5 * sum(kl["loop"]), kl
 
 
 def _forced(runner, ids, tokens):
     buf = runner.new_buffer(len(ids) + len(tokens) + 1)
     runner.prefill(ids, buf)
     return [runner.decode_step(token, buf) for token in tokens]
+
+
+def _forced_bf16(runner, ids, tokens, native):
+    saved = runner.native
+    runner.native = saved if native else None
+    try:
+        return _forced(runner, ids, tokens)
+    finally:
+        runner.native = saved
 
 
 @needs_cpu

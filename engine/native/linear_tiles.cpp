@@ -1,0 +1,72 @@
+// A prefill's Linears in bfloat16 over weights packed in column tiles (tiles.h): y = bf16(x @ w^T),
+// then + bias, rounded, as torch's bfloat16 Linear followed by the bias add; or the float32 sums
+// themselves (the lm_head's logits: rounding them to bfloat16 would only blur near-ties).
+//
+// Invariants: a row's result depends on that row alone (tiles.h), so a prompt prefilled whole or
+// split anywhere gives every row the same bits, with no padding of rows to a fixed tile; threads
+// split the output columns, never a sum, so the thread count never changes a bit.
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <vector>
+
+#include "bf16.h"
+#include "tiles.h"
+
+namespace {
+
+using namespace prefixrag;
+
+constexpr int64_t GRAIN_MACS = 1 << 18;  // a thread's least work: a smaller product wakes no other thread
+
+const bf16* in(const torch::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); }
+
+// y[rows, cols) = bf16(bf16(sums) (+ bias, rounded)), sums [rows, cols] float32, cols a multiple of 16
+AVX512 void round_block(const float* sums, const bf16* bias, bf16* y, int64_t rows, int64_t cols, int64_t ldy) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; j += 16) {
+      __m512 v = round_bf16_ps(_mm512_loadu_ps(sums + r * cols + j));
+      if (bias != nullptr) v = _mm512_add_ps(v, load_bf16(bias + j));
+      _mm256_storeu_si256((__m256i*)(y + r * ldy + j), pack_bf16(v));
+    }
+}
+
+torch::Tensor linear_tiles(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool sums_out) {
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(), "x must be contiguous [rows, k] bf16");
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.dim() == 4 && w.is_contiguous() && w.size(2) == TILE_COLS &&
+                  w.size(3) == 2 && w.size(1) * 2 == x.size(1),
+              "the weight must be bf16 packed in column tiles [n / 16, k / 2, 16, 2] for x's k");
+  const int64_t m = x.size(0), k = x.size(1), tiles = w.size(0), n = tiles * TILE_COLS;
+  TORCH_CHECK(bias.numel() == 0 || (bias.scalar_type() == torch::kBFloat16 && bias.numel() == n && bias.is_contiguous()),
+              "the bias must be contiguous [n] bf16 (or empty)");
+  TORCH_CHECK(!sums_out || bias.numel() == 0, "float32 sums take no bias");
+  auto y = torch::empty({m, n}, sums_out ? torch::kFloat32 : torch::kBFloat16);
+  if (m == 0) return y;
+  const bf16 *xs = in(x), *ws = in(w), *bs = bias.numel() > 0 ? in(bias) : nullptr;
+  const int64_t grain = std::max<int64_t>(1, GRAIN_MACS / (m * k * TILE_COLS));
+  if (sums_out) {  // straight into the output, row stride n
+    float* ys = y.data_ptr<float>();
+    at::parallel_for(0, tiles, grain, [&](int64_t a, int64_t b) { tile_sums(xs, ws, ys, m, k, n, a, b); });
+    return y;
+  }
+  bf16* ys = reinterpret_cast<bf16*>(y.data_ptr());
+  at::parallel_for(0, tiles, grain, [&](int64_t a, int64_t b) {
+    const int64_t block = m <= MAX_ROWS ? b - a : BLOCK_TILES;  // one pass over the rows: no blocking
+    std::vector<float> sums(MAX_ROWS * block * TILE_COLS);
+    for (int64_t t = a; t < b; t += block) {
+      const int64_t span = std::min(b, t + block) - t, cols = span * TILE_COLS;
+      for (int64_t i = 0; i < m; i += MAX_ROWS) {
+        const int64_t rows = std::min(MAX_ROWS, m - i);
+        TILE_ROWS[rows](xs + i * k, ws + t * k * TILE_COLS, sums.data(), k, cols, 0, span);
+        round_block(sums.data(), bs == nullptr ? nullptr : bs + t * TILE_COLS, ys + i * n + t * TILE_COLS, rows, cols, n);
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace
+
+void bind_linear_tiles(pybind11::module_& mod) {
+  mod.def("linear_tiles", &linear_tiles, pybind11::call_guard<pybind11::gil_scoped_release>());
+}

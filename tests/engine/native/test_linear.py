@@ -1,0 +1,123 @@
+"""The native Linears (engine/native/linear.py): as close to exact products as oneDNN's bfloat16
+kernel is, every row's bits independent of the rows beside it (so a prefill needs no row tiles), the
+bias added as torch adds it, float32 logits; the bfloat16 runner uses them where the CPU has
+AVX512-BF16 and no AMX, prefills without padding, and shares their packed weights with the decode step."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.fused import FusedLlamaRunner
+from engine.isa import cpu_flags
+from engine.models import load_model
+from engine.native.build import NativeBuildError, build_key
+from engine.native.decode import NEEDED_FLAGS
+from engine.native.linear import TiledLinear, pack_column_tiles, preferred
+
+HAS_CPU = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
+needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX512-BF16: oneDNN's Linears run")
+
+
+def _weight(n: int = 960, k: int = 576, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed)).div(8).bfloat16()
+
+
+def _rows(m: int, k: int = 576, seed: int = 1) -> torch.Tensor:
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).bfloat16()
+
+
+def test_packing_puts_each_columns_input_pairs_side_by_side():
+    w = torch.arange(32 * 6, dtype=torch.float32).reshape(32, 6)
+    tiles = pack_column_tiles(w)
+    assert tiles.shape == (2, 3, 16, 2)
+    for t, p, c in [(0, 0, 0), (1, 2, 15), (0, 1, 7)]:
+        assert tiles[t, p, c].tolist() == w[16 * t + c, 2 * p : 2 * p + 2].tolist()
+    with pytest.raises(NativeBuildError, match="16n x 2k"):
+        pack_column_tiles(torch.zeros(40, 6))
+
+
+@needs_cpu
+def test_as_close_to_exact_products_as_onednns_bfloat16_kernel():
+    w, x = _weight(), _rows(300)
+    exact = x.float() @ w.float().T
+    native = TiledLinear.of(w)(x).float()
+    onednn = F.linear(x, w).float()
+    assert (native - exact).abs().max() <= 1.01 * (onednn - exact).abs().max() + 1e-6
+    # the float32 sums are the exact products of these bf16 inputs, up to float32 summation
+    assert torch.allclose(TiledLinear.of(w).sums(x), exact, rtol=1e-4, atol=1e-4)
+
+
+@needs_cpu
+@pytest.mark.parametrize("n", [960, 3072, 576])
+def test_a_rows_bits_never_depend_on_the_rows_beside_it(n):
+    k = 1536 if n == 576 else 576
+    linear, x = TiledLinear.of(_weight(n, k)), _rows(70, k)
+    whole, sums = linear(x), linear.sums(x)
+    for cuts in [(1,), (3, 4), (8, 9, 17, 25), (16, 32, 48, 64)]:
+        edges = [0, *cuts, len(x)]
+        parts = [linear(x[a:b]) for a, b in itertools.pairwise(edges)]
+        assert torch.equal(torch.cat(parts), whole), cuts
+        assert torch.equal(torch.cat([linear.sums(x[a:b]) for a, b in itertools.pairwise(edges)]), sums)
+    assert torch.equal(linear(x[5:6]), whole[5:6])  # one row alone, as a warm prefill computes it
+
+
+@needs_cpu
+def test_outputs_round_the_sums_and_add_the_bias_as_torch_does():
+    w, x = _weight(), _rows(20)
+    bias = torch.randn(960).bfloat16()
+    linear = TiledLinear.of(w)
+    sums = linear.sums(x)
+    assert sums.dtype == torch.float32
+    assert torch.equal(linear(x), sums.bfloat16())
+    assert torch.equal(linear(x, bias), linear(x) + bias)
+
+
+@needs_cpu
+def test_bad_inputs_are_a_clear_error():
+    linear = TiledLinear.of(_weight())
+    with pytest.raises(RuntimeError, match="column tiles"):
+        linear(_rows(2, 512))
+    with pytest.raises(RuntimeError, match="bias"):
+        linear(_rows(2), torch.zeros(17).bfloat16())
+    with pytest.raises(NativeBuildError, match="bfloat16"):
+        TiledLinear.of(torch.zeros(32, 8))
+
+
+@needs_cpu
+def test_a_runner_prefers_them_except_where_the_cpu_has_amx():
+    runner = FusedLlamaRunner(load_model(dtype="bfloat16").model)
+    amx = "amx_bf16" in cpu_flags()
+    assert preferred(torch.bfloat16) is not amx and not preferred(torch.float32)
+    assert runner.linear_kernel == ("onednn" if amx else f"native {build_key()}")
+    assert runner.rows_exact is not amx  # the native attention and Linears: no row is padded
+    assert FusedLlamaRunner(load_model(dtype="float32").model).linear_kernel == "torch"
+
+
+@needs_cpu
+def test_the_runner_prefills_unpadded_rows_exactly_and_shares_the_packed_weights():
+    loaded = load_model(dtype="bfloat16")
+    runner = FusedLlamaRunner(loaded.model, native_linear=True, native_attention=True)
+    assert runner.rows_exact and runner.tiled
+    # the decode step reads the prefill's tiles: the weights are held once
+    held = {t.data_ptr() for t in runner.native.held}
+    assert runner.layers[0].wqkv.tiles.data_ptr() in held and runner.lm_head.tiles.data_ptr() in held
+    ids = loaded.tokenizer("The capital of France is Paris. The capital of Italy is")["input_ids"]
+    whole = runner.new_buffer(len(ids) + 1)
+    logits = runner.prefill(ids, whole)
+    split = runner.new_buffer(len(ids) + 1)
+    for a, b in [(0, 1), (1, 5), (5, len(ids) - 1), (len(ids) - 1, len(ids))]:
+        last = runner.prefill(ids[a:b], split)
+    assert torch.equal(last, logits) and logits.dtype == torch.float32
+    k_whole, v_whole = whole.stores()
+    k_split, v_split = split.stores()
+    n = len(ids)
+    assert torch.equal(k_whole[:, :, :, :n], k_split[:, :, :, :n])
+    assert torch.equal(v_whole[:, :, :, :n], v_split[:, :, :, :n])
+    plain = FusedLlamaRunner(loaded.model, native_linear=False)
+    reference = plain.prefill(ids, plain.new_buffer(len(ids) + 1))
+    assert int(logits.argmax()) == int(reference.argmax())
+    assert F.cosine_similarity(logits, reference, dim=0) > 0.999

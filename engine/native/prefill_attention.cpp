@@ -29,63 +29,82 @@ constexpr int ROWS = 4;       // query rows per pass over a head's keys: 16 inde
 // One kv head's keys and values as 32-bit words of bf16 pairs, block by block, zero past `keys`:
 //  kt[block][dim pair][key]: a block's scores summed pair of dimensions by pair (AVX512-BF16);
 //  vt[block][key pair][dim]: a block's value sums taken pair of keys by pair.
-void transpose_kv(const bf16* k, const bf16* v, int64_t d, int64_t keys, uint32_t* kt, uint32_t* vt) {
+// Pure data movement, 16 keys (gathered) or 32 dims (interleaved) per instruction: a call for a few
+// new rows over a long cached prefix spends most of its time here.
+AVX512 void transpose_kv(const bf16* k, const bf16* v, int64_t d, int64_t keys, uint32_t* kt, uint32_t* vt) {
   const int64_t blocks = (keys + KEYS - 1) / KEYS, pairs = d / 2;
+  const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(int(pairs)));
+  alignas(64) uint16_t lo_idx[32], hi_idx[32];  // interleave two rows' 16-bit elements 0-15, then 16-31
+  for (int j = 0; j < 32; ++j) {
+    lo_idx[j] = uint16_t(j % 2 == 0 ? j / 2 : 32 + j / 2);
+    hi_idx[j] = uint16_t(lo_idx[j] + 16);
+  }
+  const __m512i lo_perm = _mm512_load_si512(lo_idx), hi_perm = _mm512_load_si512(hi_idx);
+  const uint32_t* k32 = reinterpret_cast<const uint32_t*>(k);
   for (int64_t b = 0; b < blocks; ++b) {
     uint32_t* kd = kt + b * pairs * KEYS;
     uint32_t* vd = vt + b * (KEYS / 2) * d;
-    for (int64_t j = 0; j < KEYS; ++j) {
-      const int64_t key = b * KEYS + j;
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(k + key * d);
-      for (int64_t p = 0; p < pairs; ++p) kd[p * KEYS + j] = key < keys ? src[p] : 0;
+    for (int64_t j0 = 0; j0 < KEYS; j0 += 16) {
+      const int64_t first = b * KEYS + j0, valid = std::max<int64_t>(0, std::min<int64_t>(16, keys - first));
+      const __mmask16 mask = valid == 16 ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
+      const uint32_t* src = k32 + (valid > 0 ? first * pairs : 0);
+      for (int64_t p = 0; p < pairs; ++p)
+        _mm512_storeu_si512(kd + p * KEYS + j0,
+                            _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, rows, src + p, 4));
     }
     for (int64_t m = 0; m < KEYS / 2; ++m) {
       const int64_t key = b * KEYS + 2 * m;
-      for (int64_t c = 0; c < d; ++c) {
-        const uint32_t lo = key < keys ? v[key * d + c] : 0, hi = key + 1 < keys ? v[(key + 1) * d + c] : 0;
-        vd[m * d + c] = lo | (hi << 16);
+      const bf16* lo_row = key < keys ? v + key * d : nullptr;
+      const bf16* hi_row = key + 1 < keys ? v + (key + 1) * d : nullptr;
+      for (int64_t c = 0; c < d; c += 32) {
+        const __m512i lo = lo_row ? _mm512_loadu_si512(lo_row + c) : _mm512_setzero_si512();
+        const __m512i hi = hi_row ? _mm512_loadu_si512(hi_row + c) : _mm512_setzero_si512();
+        _mm512_storeu_si512(vd + m * d + c, _mm512_permutex2var_epi16(lo, lo_perm, hi));
+        _mm512_storeu_si512(vd + m * d + c + 16, _mm512_permutex2var_epi16(lo, hi_perm, hi));
       }
     }
   }
 }
 
-// Up to ROWS query rows of one head (positions pos[0..n), ascending) over their keys; D = head dim.
+// n <= R query rows of one head (positions pos[0..n), ascending) over their keys; D = head dim. A row's
+// arithmetic is the same for any R and batch mates (R = n: a tile of fewer rows computes no spare scores).
 // A block the row sees whole adds its values with bf16 weights (AVX512-BF16, as torch's kernel
 // rounds them); the block holding the row's position adds them in float32, its own keys only.
-template <int D>
+template <int D, int R>
 AVX512 void attend_tile(const bf16* const* qrow, const int64_t* pos, int n, const uint32_t* kt,
                         const uint32_t* vt, const bf16* v, float scale, bf16* const* orow) {
   constexpr int PAIRS = D / 2, VEC = D / 16, HALF = KEYS / 2, NV = KEYS / 16;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  __m512 o[ROWS][VEC];
-  float m[ROWS], l[ROWS];
-  for (int r = 0; r < ROWS; ++r) {
+  __m512 o[R][VEC];
+  float m[R], l[R];
+  for (int r = 0; r < R; ++r) {
     for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_setzero_ps();
     m[r] = neg_inf;
     l[r] = 0.f;
   }
-  const uint32_t* q32[ROWS];
-  for (int r = 0; r < ROWS; ++r) q32[r] = reinterpret_cast<const uint32_t*>(qrow[r < n ? r : 0]);
-  alignas(64) float p[ROWS][KEYS];
-  alignas(64) uint32_t pw[ROWS][HALF];  // the weights as bf16 pairs
+  const uint32_t* q32[R];
+  for (int r = 0; r < R; ++r) q32[r] = reinterpret_cast<const uint32_t*>(qrow[r < n ? r : 0]);
+  alignas(64) float p[R][KEYS];
+  alignas(64) uint32_t pw[R][HALF];  // the weights as bf16 pairs
   const int64_t last_block = pos[n - 1] / KEYS;
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   const __m512 sc = _mm512_set1_ps(scale);
   for (int64_t b = 0; b <= last_block; ++b) {
     const uint32_t* kb = kt + b * PAIRS * KEYS;
-    __m512 s[ROWS][NV];
-    for (int r = 0; r < ROWS; ++r)
+    __m512 s[R][NV];
+    for (int r = 0; r < R; ++r)
       for (int h = 0; h < NV; ++h) s[r][h] = _mm512_setzero_ps();
     for (int d = 0; d < PAIRS; ++d) {
       __m512bh kk[NV];
       for (int h = 0; h < NV; ++h) kk[h] = (__m512bh)_mm512_loadu_si512(kb + d * KEYS + 16 * h);
-      for (int r = 0; r < ROWS; ++r) {
+      for (int r = 0; r < R; ++r) {
         __m512bh qq = (__m512bh)_mm512_set1_epi32(int(q32[r][d]));
         for (int h = 0; h < NV; ++h) s[r][h] = _mm512_dpbf16_ps(s[r][h], kk[h], qq);
       }
     }
-    int count[ROWS];
-    for (int r = 0; r < ROWS; ++r) {
+    int count[R];
+    for (int r = 0; r < R; ++r) {
       const int64_t visible = r < n ? pos[r] - b * KEYS + 1 : 0;  // keys of this block the row sees
       count[r] = int(visible < 0 ? 0 : (visible > KEYS ? KEYS : visible));
       if (count[r] == 0) continue;
@@ -125,13 +144,13 @@ AVX512 void attend_tile(const bf16* const* qrow, const int64_t* pos, int n, cons
     for (int j = 0; j < HALF; ++j) {  // whole blocks: a pair of keys per step
       __m512bh vv[VEC];
       for (int c = 0; c < VEC; ++c) vv[c] = (__m512bh)_mm512_loadu_si512(vb + j * D + 16 * c);
-      for (int r = 0; r < ROWS; ++r) {
+      for (int r = 0; r < R; ++r) {
         if (count[r] != KEYS) continue;
         const __m512bh w = (__m512bh)_mm512_set1_epi32(int(pw[r][j]));
         for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_dpbf16_ps(o[r][c], vv[c], w);
       }
     }
-    for (int r = 0; r < ROWS; ++r) {  // the block holding the row's position: its own keys only
+    for (int r = 0; r < R; ++r) {  // the block holding the row's position: its own keys only
       if (count[r] == 0 || count[r] == KEYS) continue;
       for (int j = 0; j < count[r]; ++j) {
         const bf16* vr = v + (b * KEYS + j) * D;
@@ -146,6 +165,12 @@ AVX512 void attend_tile(const bf16* const* qrow, const int64_t* pos, int n, cons
       _mm256_storeu_si256((__m256i*)(orow[r] + 16 * c), pack_bf16(_mm512_mul_ps(o[r][c], inv)));
   }
 }
+
+using TileFn = void (*)(const bf16* const*, const int64_t*, int, const uint32_t*, const uint32_t*, const bf16*, float,
+                       bf16* const*);
+static_assert(ROWS == 4, "TILES lists a kernel per row count up to ROWS");
+const TileFn TILES[2][ROWS] = {{attend_tile<64, 1>, attend_tile<64, 2>, attend_tile<64, 3>, attend_tile<64, 4>},
+                               {attend_tile<128, 1>, attend_tile<128, 2>, attend_tile<128, 3>, attend_tile<128, 4>}};
 
 // q [T, H, D], k/v [KVH, capacity, D] (one layer), positions [T] ascending -> [T, H * D]
 torch::Tensor attend_rows(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -199,10 +224,7 @@ torch::Tensor attend_rows(const torch::Tensor& q, const torch::Tensor& k, const 
       }
       const int64_t at = g * blocks * block_words;
       const bf16* vg = vs + g * v.stride(0);
-      if (d == 64)
-        attend_tile<64>(qrow, pos + i0, n, kt.data() + at, vt.data() + at, vg, float(scale), orow);
-      else
-        attend_tile<128>(qrow, pos + i0, n, kt.data() + at, vt.data() + at, vg, float(scale), orow);
+      TILES[d == 64 ? 0 : 1][n - 1](qrow, pos + i0, n, kt.data() + at, vt.data() + at, vg, float(scale), orow);
     }
   });
   return out;

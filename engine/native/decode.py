@@ -7,10 +7,11 @@ machine's read bandwidth, so decode pays per-call overhead rather than bytes (me
 docs/benchmarks/native/README.md). The native step (``decode_step.cpp``, compiled once per
 machine: engine.native.build) runs the same layers in one call: AVX512-BF16 dot products over the
 weights packed once in tiles of 16 output columns (engine.native.linear: each instruction adds into
-16 columns' sums, so several rows share one pass over the weights), RMSNorm, RoPE, SiLU and the residual adds fused around them, attention
-per head over the KV buffer in place, on a thread team of its own. It rounds to bfloat16 wherever
-the Python loop does; its sums run in another order, so its results are close to the loop's, not
-equal (tests/engine/native/test_decode.py checks greedy answers and the distance to float32). What
+16 columns' sums, so several rows share one pass over the weights), RMSNorm, RoPE, SiLU and the
+residual adds fused around them, attention per KV group over the KV buffer in place, on a thread
+team of its own. It rounds to bfloat16 wherever the Python loop does and returns the lm_head's
+float32 sums; its attention sums run in another order, so its results are close to the loop's, not
+equal (tests/engine/native/test_decode.py checks greedy choices and the distance to float32). What
 it guarantees beyond that: a row's result depends on its own token and KV alone, never on its batch
 mates or the thread count.
 

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -37,8 +38,11 @@ TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 START_TIMEOUT_S = 600.0
 
 
-def stream_chat(base_url: str, model: str, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
-    """One streamed chat completion, timed at its first content chunk and its last; greedy, EOS ignored."""
+def stream_chat(
+    client: httpx.Client, base_url: str, model: str, messages: list[dict[str, str]], max_tokens: int
+) -> dict[str, Any]:
+    """One streamed chat completion, timed at its first content chunk and its last; greedy, EOS ignored.
+    ``client`` keeps its connection open between requests, as an OpenAI client's session does."""
     body = {
         "model": model,
         "messages": messages,
@@ -51,7 +55,7 @@ def stream_chat(base_url: str, model: str, messages: list[dict[str, str]], max_t
     first = last = None
     usage: dict[str, Any] = {}
     t0 = time.perf_counter()
-    with httpx.stream("POST", f"{base_url}/chat/completions", json=body, timeout=TIMEOUT) as reply:
+    with client.stream("POST", f"{base_url}/chat/completions", json=body, timeout=TIMEOUT) as reply:
         reply.raise_for_status()
         for line in reply.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -84,21 +88,23 @@ def client_figures(
     """Cold, warm and last-20-tokens-differ TTFT of the long prompt, and decode ms/token at long and
     short context, medians of ``repeats`` (the first request of each kind, a warm-up, is not counted)."""
     cold, warm, differ, long_decode, short_decode = [], [], [], [], []
-    stream_chat(base_url, model, _messages(context, questions[0], f"warm-up {uuid.uuid4().hex}. "), 2)
     prompt_tokens = 0
-    for i in range(repeats):
-        nonce = f"Session {uuid.uuid4().hex}. "
-        ask = _messages(context, questions[i % len(questions)], nonce)
-        first = stream_chat(base_url, model, ask, 1)
-        cold.append(first["ttft_s"])
-        prompt_tokens = first["prompt_tokens"]
-        warm.append(stream_chat(base_url, model, ask, 1)["ttft_s"])
-        other = _messages(context, questions[(i + 1) % len(questions)], nonce)
-        differ.append(stream_chat(base_url, model, other, 1)["ttft_s"])
-        answer = stream_chat(base_url, model, ask, decode_tokens)
-        long_decode.append((answer["last_s"] - answer["ttft_s"]) / max(answer["tokens"] - 1, 1))
-        short = stream_chat(base_url, model, [{"role": "user", "content": "Tell me a story."}], decode_tokens)
-        short_decode.append((short["last_s"] - short["ttft_s"]) / max(short["tokens"] - 1, 1))
+    with httpx.Client() as client:
+        chat = functools.partial(stream_chat, client, base_url, model)
+        chat(_messages(context, questions[0], f"warm-up {uuid.uuid4().hex}. "), 2)
+        for i in range(repeats):
+            nonce = f"Session {uuid.uuid4().hex}. "
+            ask = _messages(context, questions[i % len(questions)], nonce)
+            first = chat(ask, 1)
+            cold.append(first["ttft_s"])
+            prompt_tokens = first["prompt_tokens"]
+            warm.append(chat(ask, 1)["ttft_s"])
+            other = _messages(context, questions[(i + 1) % len(questions)], nonce)
+            differ.append(chat(other, 1)["ttft_s"])
+            answer = chat(ask, decode_tokens)
+            long_decode.append((answer["last_s"] - answer["ttft_s"]) / max(answer["tokens"] - 1, 1))
+            short = chat([{"role": "user", "content": "Tell me a story."}], decode_tokens)
+            short_decode.append((short["last_s"] - short["ttft_s"]) / max(short["tokens"] - 1, 1))
     return {
         "prompt_tokens": prompt_tokens,
         "repeats": repeats,

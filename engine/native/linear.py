@@ -23,11 +23,14 @@ Example:
 from __future__ import annotations
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from engine.isa import cpu_flags
 from engine.native.build import NativeBuildError, native_module
 
 TILE_COLUMNS = 16  # tiles.h's column tile
+# packed copies per weight tensor: runners over one model (engines in one process) share them
+_tiles: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def pack_column_tiles(weight: torch.Tensor) -> torch.Tensor:
@@ -64,10 +67,14 @@ class TiledLinear:
 
     @classmethod
     def of(cls, weight: torch.Tensor) -> TiledLinear:
-        """Pack ``weight`` (bfloat16 ``[n, k]``, n a multiple of 16); raises NativeBuildError."""
+        """``weight`` (bfloat16 ``[n, k]``, n a multiple of 16) packed, once per tensor; raises
+        NativeBuildError."""
         if weight.dtype != torch.bfloat16:
             raise NativeBuildError(f"the native Linear multiplies bfloat16, got {weight.dtype}")
-        return cls(pack_column_tiles(weight), (int(weight.shape[0]), int(weight.shape[1])), native_module())
+        tiles = _tiles.get(weight)
+        if tiles is None:
+            tiles = _tiles[weight] = pack_column_tiles(weight)
+        return cls(tiles, (int(weight.shape[0]), int(weight.shape[1])), native_module())
 
     @property
     def nbytes(self) -> int:

@@ -42,7 +42,9 @@ def main() -> None:
             for name, runner in runners.items():
                 runs[name].append(prefill_ms(runner, past, tokens))
         a, b = statistics.median(runs["native"]), statistics.median(runs["onednn"])
-        print(f"{tokens} new tokens after {past} cached: native {a:.1f} ms, oneDNN tiles {b:.1f} ms ({b / a:.2f}x)")
+        print(
+            f"{tokens} new tokens after {past} cached: native {a:.1f} ms, oneDNN tiles {b:.1f} ms ({b / a:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -121,3 +121,11 @@ def test_the_runner_prefills_unpadded_rows_exactly_and_shares_the_packed_weights
     reference = plain.prefill(ids, plain.new_buffer(len(ids) + 1))
     assert int(logits.argmax()) == int(reference.argmax())
     assert F.cosine_similarity(logits, reference, dim=0) > 0.999
+
+
+@needs_cpu
+def test_runners_over_one_model_share_one_packed_copy():
+    model = load_model(dtype="bfloat16").model
+    first, second = (FusedLlamaRunner(model, native_linear=True) for _ in range(2))
+    assert first.layers[3].wgu.tiles is second.layers[3].wgu.tiles
+    assert first.lm_head.tiles is second.lm_head.tiles

@@ -79,8 +79,7 @@ def test_greedy_tokens_and_distributions_as_close_to_float32_as_the_layer_loop(r
     kl: dict[str, list[float]] = {"native": [], "loop": []}
     for text in CLOSENESS_PROMPTS:
         ids = _prompt(loaded_model, text)
-        tokens, _ = _decode(reference, ids, CLOSENESS_STEPS, native=False)
-        float_rows = _forced(reference, ids, tokens)
+        tokens, float_rows = _decode(reference, ids, CLOSENESS_STEPS, native=False)  # its own greedy answer
         for kind in agree:  # both bfloat16 steps fed float32's greedy answer, token by token
             rows = _forced_bf16(runner, ids, tokens, native=kind == "native")
             agree[kind] += sum(int(row.argmax()) == int(want.argmax()) for row, want in zip(rows, float_rows))

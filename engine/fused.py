@@ -54,6 +54,7 @@ from engine.native.attention import NativeAttention, preferred
 from engine.native.build import NativeBuildError, build_key
 from engine.native.decode import NativeDecode, unavailable_reason
 from engine.native.linear import TiledLinear
+from engine.native.linear import available as linear_available
 from engine.native.linear import preferred as linear_preferred
 from engine.native.rows import NativeRows
 from engine.packed_linear import PackedLinear, packed_menu
@@ -141,7 +142,8 @@ class FusedLlamaRunner:
             self.lm_head = model.lm_head.weight
             # bfloat16: every float matmul in the native kernels' column tiles (engine.native.linear)
             # where preferred (None), wherever they can run with True, never with False
-            if {None: linear_preferred(self.dtype), True: True, False: False}[native_linear]:
+            wanted = {None: linear_preferred, True: linear_available}.get(native_linear)
+            if wanted is not None and wanted(self.dtype):
                 for layer in self.layers:
                     layer.tile()
                 self.lm_head = TiledLinear.of(model.lm_head.weight)

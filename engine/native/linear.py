@@ -6,9 +6,9 @@ shape, so the other Linears run a prefill as calibrated row tiles (engine.row_ti
 prefill computes a whole tile of 16 rows, and oneDNN's small tiles run at a fraction of its large
 ones' rate. The native kernel sums each output in one register lane over the inputs in order
 (``tiles.h``), whatever the rows beside it, so it needs no tiles: a prompt prefilled whole or split
-anywhere gives every row the same bits, and one new token costs about one decode step. Measured on
-an AMD EPYC Zen 5 it is also faster than oneDNN at every row count (docs/benchmarks/native/README.md).
-Its sums run in another order than oneDNN's, so its results are close to those, not equal.
+anywhere gives every row the same bits, and one new token computes one row, not a tile (how it
+compares with oneDNN's tiles: docs/benchmarks/native/README.md). Its sums run in another order than
+oneDNN's, so its results are close to those, not equal.
 
 The decode step reads the same packed tensors (engine.native.decode), so the weights are held once.
 It can run where the native decode step's bfloat16 CPU conditions hold; a runner prefers it
@@ -94,11 +94,15 @@ class TiledLinear:
         return out
 
 
-def preferred(dtype: torch.dtype) -> bool:
-    """Whether a runner computing in ``dtype`` multiplies with :class:`TiledLinear` by default: where
-    the native decode step's bfloat16 conditions hold, except on CPUs with AMX."""
+def available(dtype: torch.dtype) -> bool:
+    """Whether :class:`TiledLinear` can multiply for a runner computing in ``dtype`` on this machine:
+    bfloat16, where the native decode step's CPU conditions hold."""
     from engine.native.decode import unavailable_reason  # decode imports this module's packing
 
-    if dtype != torch.bfloat16 or "amx_bf16" in cpu_flags():
-        return False
-    return unavailable_reason(dtype, True, True) is None
+    return dtype == torch.bfloat16 and unavailable_reason(dtype, True, True) is None
+
+
+def preferred(dtype: torch.dtype) -> bool:
+    """Whether a runner computing in ``dtype`` multiplies with :class:`TiledLinear` by default: where
+    it is :func:`available`, except on CPUs with AMX."""
+    return "amx_bf16" not in cpu_flags() and available(dtype)

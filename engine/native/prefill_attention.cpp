@@ -29,8 +29,8 @@ constexpr int ROWS = 4;       // query rows per pass over a head's keys: 16 inde
 // One kv head's keys and values as 32-bit words of bf16 pairs, block by block, zero past `keys`:
 //  kt[block][dim pair][key]: a block's scores summed pair of dimensions by pair (AVX512-BF16);
 //  vt[block][key pair][dim]: a block's value sums taken pair of keys by pair.
-// Pure data movement, 16 keys (gathered) or 32 dims (interleaved) per instruction: a call for a few
-// new rows over a long cached prefix spends most of its time here.
+// Pure data movement, 16 keys (gathered) or 32 dims (interleaved) per instruction: every call moves
+// all the keys its rows see, however few the rows.
 AVX512 void transpose_kv(const bf16* k, const bf16* v, int64_t d, int64_t keys, uint32_t* kt, uint32_t* vt) {
   const int64_t blocks = (keys + KEYS - 1) / KEYS, pairs = d / 2;
   const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),

@@ -14,7 +14,7 @@
 
 namespace prefixrag {
 
-// A weight [n, k] packed as [n / 16, k / 2, 16, 2] (engine/native/decode.py packs it): a tile's pair p
+// A weight [n, k] packed as [n / 16, k / 2, 16, 2] (engine/native/linear.py packs it): a tile's pair p
 // of column c sits at tile + 32 p + 2 c, so one dot-product instruction adds the pairs of one input
 // row into 16 columns' sums, which stay in their lanes (no reduction across lanes).
 constexpr int64_t TILE_COLS = 16;

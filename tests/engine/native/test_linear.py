@@ -16,7 +16,7 @@ from engine.isa import cpu_flags
 from engine.models import load_model
 from engine.native.build import NativeBuildError, build_key
 from engine.native.decode import NEEDED_FLAGS
-from engine.native.linear import TiledLinear, pack_column_tiles, preferred
+from engine.native.linear import TiledLinear, available, pack_column_tiles, preferred
 
 HAS_CPU = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
 needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX512-BF16: oneDNN's Linears run")
@@ -129,3 +129,10 @@ def test_runners_over_one_model_share_one_packed_copy():
     first, second = (FusedLlamaRunner(model, native_linear=True) for _ in range(2))
     assert first.layers[3].wgu.tiles is second.layers[3].wgu.tiles
     assert first.lm_head.tiles is second.lm_head.tiles
+
+
+def test_where_they_cannot_run_even_true_keeps_onednn(monkeypatch):
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # this process narrowed to a CPU without AVX-512
+    assert not available(torch.bfloat16) and not preferred(torch.bfloat16)
+    runner = FusedLlamaRunner(load_model(dtype="bfloat16").model, native_linear=True)
+    assert not runner.tiled and runner.linear_kernel in ("onednn", "torch") and not runner.rows_exact

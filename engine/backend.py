@@ -82,6 +82,7 @@ class GenerationBackend(Protocol):
         public_prefix: int = 0,
         reuse: str | ChunkReuse | None = None,
         chunk_spans: Sequence[tuple[int, int]] | None = None,
+        chunk_context: Sequence[int] | None = None,
     ) -> EventStream: ...
 
     def generate(
@@ -93,6 +94,7 @@ class GenerationBackend(Protocol):
         public_prefix: int = 0,
         reuse: str | ChunkReuse | None = None,
         chunk_spans: Sequence[tuple[int, int]] | None = None,
+        chunk_context: Sequence[int] | None = None,
     ) -> GenerationResult: ...
 
     def stats(self) -> dict[str, Any]: ...

@@ -170,6 +170,7 @@ class Engine:
         public_prefix: int = 0,
         reuse: str | ChunkReuse | None = None,
         chunk_spans: Sequence[tuple[int, int]] | None = None,
+        chunk_context: Sequence[int] | None = None,
     ) -> GenerationResult:
         """Run one request to completion (thread-safe; concurrent calls are scheduled together)."""
         return final_result(
@@ -180,6 +181,7 @@ class Engine:
                 public_prefix=public_prefix,
                 reuse=reuse,
                 chunk_spans=chunk_spans,
+                chunk_context=chunk_context,
             )
         )
 
@@ -192,6 +194,7 @@ class Engine:
         public_prefix: int = 0,
         reuse: str | ChunkReuse | None = None,
         chunk_spans: Sequence[tuple[int, int]] | None = None,
+        chunk_context: Sequence[int] | None = None,
     ) -> RequestStream:
         """Yield text deltas as they are decoded. ``close()`` or ``cancel()`` on the returned stream
         (from any thread, started or not) cancels the request and releases its cache lock."""
@@ -202,6 +205,7 @@ class Engine:
             public_prefix=public_prefix,
             reuse=reuse,
             chunk_spans=chunk_spans,
+            chunk_context=chunk_context,
         )
         return RequestStream(request, self._cancel)
 
@@ -214,6 +218,7 @@ class Engine:
         public_prefix: int = 0,
         reuse: str | ChunkReuse | None = None,
         chunk_spans: Sequence[tuple[int, int]] | None = None,
+        chunk_context: Sequence[int] | None = None,
     ) -> Request:
         """Validate and enqueue a request; consume ``request.events`` (or use stream/generate).
 
@@ -224,8 +229,12 @@ class Engine:
         ``chunk_spans``: ``(start, end)`` token ranges of the retrieved chunks in the prompt (ascending);
         the tokens before the first span are the prefix every chunk is cached after. Without spans,
         chunks mode has nothing to stitch and serves the request as prefix mode does.
+        ``chunk_context``: token ids that stand between that prefix and a reused chunk where its KV is
+        computed (its canonical placement; the same for every request that should share chunk KV;
+        ``Prompt.chunk_context`` gives a stand-in passage). None: right after the prefix.
         """
-        return self._enqueue(self._request(prompt, params, namespace, public_prefix, reuse, chunk_spans))
+        request = self._request(prompt, params, namespace, public_prefix, reuse, chunk_spans, chunk_context)
+        return self._enqueue(request)
 
     def score(
         self,
@@ -235,6 +244,7 @@ class Engine:
         namespace: str = "",
         reuse: str | ChunkReuse | None = None,
         chunk_spans: Sequence[tuple[int, int]] | None = None,
+        chunk_context: Sequence[int] | None = None,
     ) -> RequestStream:
         """Teacher forcing: a request that feeds ``continuation`` instead of sampling; its result's
         ``scores`` (float32 ``[len(continuation), vocab]`` log-probabilities) hold the next-token
@@ -244,7 +254,7 @@ class Engine:
         if not forced:
             raise ValueError("continuation is empty: score needs at least one token")
         params = SamplingParams(max_tokens=len(forced), ignore_eos=True)
-        request = self._request(prompt, params, namespace, 0, reuse, chunk_spans)
+        request = self._request(prompt, params, namespace, 0, reuse, chunk_spans, chunk_context)
         request.forced_ids = forced
         return RequestStream(self._enqueue(request), self._cancel)
 
@@ -256,6 +266,7 @@ class Engine:
         public_prefix: int,
         reuse: str | ChunkReuse | None,
         chunk_spans: Sequence[tuple[int, int]] | None,
+        chunk_context: Sequence[int] | None = None,
     ) -> Request:
         """A validated request (not yet queued)."""
         params = params or SamplingParams()
@@ -269,6 +280,7 @@ class Engine:
         if isinstance(public_prefix, bool) or not isinstance(public_prefix, int) or public_prefix < 0:
             raise ValueError(f"public_prefix must be a non-negative int, got {public_prefix!r}")
         spans = check_spans(chunk_spans or (), len(ids))
+        context = self._chunk_context(chunk_context, len(ids))
         return Request(
             prompt_ids=ids,
             params=params,
@@ -278,7 +290,27 @@ class Engine:
             public_tokens=min(public_prefix, len(ids)),
             chunk_reuse=self._chunk_reuse(reuse),
             chunk_spans=spans,
+            chunk_context=context,
         )
+
+    def _chunk_context(self, context: Sequence[int] | None, prompt_tokens: int) -> tuple[int, ...]:
+        """Checked ``chunk_context`` ids: in the vocabulary, and leaving room for the prompt's chunks."""
+        if context is None:
+            return ()
+        if isinstance(context, (str, bytes)) or not isinstance(context, Sequence):
+            raise ValueError(f"chunk_context must be a list of token ids, got {type(context).__name__}")
+        ids = tuple(context)
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.runner.vocab_size:
+                raise ValueError(
+                    f"chunk_context must hold token ids in [0, {self.runner.vocab_size}), got {i!r}"
+                )
+        if len(ids) + prompt_tokens >= self.max_context:
+            raise ValueError(
+                f"chunk_context ({len(ids)} tokens) and the prompt ({prompt_tokens}) exceed the "
+                f"model's context of {self.max_context}"
+            )
+        return ids
 
     def _enqueue(self, request: Request) -> Request:
         self._ensure_worker()
@@ -484,7 +516,11 @@ class Engine:
         if self.tiers:  # the tiers under RAM extend its match, same cap
             req.cached_tokens += self.tiers.extend(req.buffer, ids, req.namespace, limit=len(ids) - 1)
             clock = req.phase("tiers", clock)
-        req.plan = plan_stitch(len(ids), req.chunk_spans, req.cached_tokens) if req.chunk_reuse else None
+        req.plan = (
+            plan_stitch(len(ids), req.chunk_spans, req.cached_tokens, req.chunk_context)
+            if req.chunk_reuse
+            else None
+        )
         req.prefilled = req.cached_tokens
         self._prefilling = req
 
@@ -560,7 +596,7 @@ class Engine:
         return stitched
 
     def _insert_placements(self, req: Request, stitched: Stitched) -> None:
-        """Cache the chunk placements computed for this request (exact KV of ``anchor + chunk``)."""
+        """Cache the chunk placements computed for this request (exact KV of ``anchor + context + chunk``)."""
         clock = time.perf_counter()
         try:
             for key, kv in stitched.kv.placements:

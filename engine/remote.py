@@ -138,6 +138,7 @@ class RemoteEngine:
         public_prefix: int = 0,
         reuse: str | ChunkReuse | None = None,
         chunk_spans: Sequence[tuple[int, int]] | None = None,
+        chunk_context: Sequence[int] | None = None,
     ) -> GenerationResult:
         """Run one request to completion (raises EngineError, ValueError or QueueFullError)."""
         stream = self.stream(
@@ -147,6 +148,7 @@ class RemoteEngine:
             public_prefix=public_prefix,
             reuse=reuse,
             chunk_spans=chunk_spans,
+            chunk_context=chunk_context,
         )
         return final_result(stream, self.base_url)
 
@@ -159,12 +161,13 @@ class RemoteEngine:
         public_prefix: int = 0,
         reuse: str | ChunkReuse | None = None,
         chunk_spans: Sequence[tuple[int, int]] | None = None,
+        chunk_context: Sequence[int] | None = None,
     ) -> Generator[StreamEvent, None, None]:
         """Yield text deltas as the server streams them; the last event carries the result.
         Closing the iterator early closes the connection (the server cancels the request).
 
         Prefix reuse only: ``reuse`` other than None/"prefix" is refused (an OpenAI-compatible server
-        takes no chunk spans); ``chunk_spans`` are accepted and unused. ``public_prefix`` must be 0
+        takes no chunk spans); ``chunk_spans`` and ``chunk_context`` are accepted and unused. ``public_prefix`` must be 0
         (``capabilities.public_prefix`` is off: sharing across tenants is the server's decision)."""
         if not isinstance(namespace, str):
             raise ValueError(f"namespace must be a string, got {type(namespace).__name__}")

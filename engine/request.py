@@ -130,6 +130,7 @@ class Request:
     # chunks mode (engine.chunks.reuse): the request's settings and spans, what the stitch reused
     chunk_reuse: ChunkReuse | None = None
     chunk_spans: list[tuple[int, int]] = field(default_factory=list)
+    chunk_context: tuple[int, ...] = ()  # between the anchor and a chunk at its canonical placement
     exact_end: int | None = None  # only the prompt's first exact_end tokens may be cached
     plan: Any = None  # chunks mode: the StitchPlan of the prompt (engine.chunks.plan)
     prefilled: int = 0  # prompt tokens the buffer holds so far (cached or prefilled)

@@ -2,7 +2,7 @@
 
 question ─► KnowledgeBase.search_timed (hybrid retrieval, optional rerank)
          ─► PromptAssembler.assemble (stable prefix first; chunk order the cache holds longest)
-         ─► engine.stream(token_ids, namespace=tenant, reuse=..., chunk_spans=...)
+         ─► engine.stream(token_ids, namespace=tenant, reuse=..., chunk_spans=..., chunk_context=...)
          ─► Answer(text, sources, usage, timings)
 """
 
@@ -246,7 +246,7 @@ class Pipeline:
             namespace=grounded.namespace,
             public_prefix=self._public_tokens(prompt),
             reuse=reuse,
-            chunk_spans=prompt.chunk_spans,
+            **prompt.stitch_args(),
         )
 
     def ask(

@@ -1,10 +1,12 @@
-"""Warming: prefill every indexed chunk at its canonical placement before anyone asks.
+"""Warming: prefill every indexed chunk at its placements before anyone asks.
 
-A chunk's placement is what a prompt with that chunk first starts with: the stable prefix, the ``[1]``
-marker and the chunk's body (``PromptAssembler.placement``). With it cached, a ``chunks``-mode request
-reuses the chunk wherever it stands, even on the first question of a topic, and a ``prefix``-mode
-request reuses it whenever it comes first. Each placement is an ordinary one-token request to the
-engine, so it goes through the engine's normal insert (and whatever tiers the cache has).
+A chunk has two: what a prompt with that chunk first starts with (the stable prefix, the ``[1]``
+marker and the chunk's body, ``PromptAssembler.placement``), which any request with the chunk first
+reuses exactly, and the one its KV is stitched from wherever it stands later (the same after a
+stand-in passage and ``[2]``, ``PromptAssembler.stitch_placement``). With both cached, a
+``chunks``-mode request reuses every chunk, even on the first question of a topic. Each placement is
+an ordinary one-token request to the engine, so it goes through the engine's normal insert (and
+whatever tiers the cache has); the stand-in passage is prefilled once and shared by every chunk.
 
 Warming is resumable (placements already cached are skipped), cancellable (between chunks) and stays
 within the cache's budget: once the next placement would make the cache evict, the rest is reported
@@ -69,28 +71,34 @@ def warm_chunks(
     cancel: threading.Event | None = None,
     progress: Progress | None = None,
 ) -> WarmReport:
-    """Prefill each chunk's placement into ``engine``'s cache (``engine.generate``). A backend with
-    ``capabilities.prefix_probe`` (a local Engine) makes it resumable and bounded by the cache budget;
+    """Prefill each chunk's placements into ``engine``'s cache (``engine.generate``; the stitch
+    placement only where ``capabilities.chunk_reuse``). A backend with ``capabilities.prefix_probe`` (a local Engine) makes it resumable and bounded by the cache budget;
     with ``local_cache`` it returns once the tiers under RAM hold the placements too."""
     report = WarmReport(chunks=len(chunks))
     started = time.perf_counter()
     probe = cache_probe(engine)
     one_token = SamplingParams(max_tokens=1)
+    stitching = engine.capabilities.chunk_reuse  # else only the exact placement is ever reused
     with _bar(show_progress, len(chunks)) as advance:
         for n, chunk in enumerate(chunks):
             if cancel is not None and cancel.is_set():
                 report.cancelled = True
                 break
-            ids = assembler.placement(chunk)
-            cached = probe.cached_prefix_length(ids, namespace) if probe is not None else 0
-            if cached >= len(ids):
+            placements = [assembler.placement(chunk)]
+            if stitching:
+                placements.append(assembler.stitch_placement(chunk))
+            cached_now = [(ids, _cached(probe, ids, namespace)) for ids in placements]
+            missing = [(ids, cached) for ids, cached in cached_now if cached < len(ids)]
+            needed = sum(len(ids) - cached for ids, cached in missing)
+            if not missing:
                 report.already_cached += 1
-            elif report.not_fitted or (probe is not None and probe.free_cache_tokens() < len(ids) - cached):
+            elif report.not_fitted or (probe is not None and probe.free_cache_tokens() < needed):
                 report.not_fitted.append(str(chunk.chunk_id))  # the budget is full: no evicting
             else:
-                engine.generate(ids, one_token, namespace=namespace, reuse="prefix")
+                for ids, _ in missing:
+                    engine.generate(ids, one_token, namespace=namespace, reuse="prefix")
                 report.warmed += 1
-                report.tokens += len(ids) - cached
+                report.tokens += needed
             advance()
             if progress is not None:
                 progress(n + 1, len(chunks))
@@ -101,6 +109,11 @@ def warm_chunks(
         cache.flush_tiers()
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _cached(probe: Any, ids: list[int], namespace: str) -> int:
+    """Tokens of ``ids`` the backend's cache holds (0 where it cannot tell)."""
+    return probe.cached_prefix_length(ids, namespace) if probe is not None else 0
 
 
 @contextmanager

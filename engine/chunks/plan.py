@@ -2,13 +2,16 @@
 
 A RAG prompt is ``[anchor][chunk 1][gap][chunk 2][gap]...[question]``: the anchor is every token before
 the first chunk span (the stable prefix and the first chunk's marker), gaps are the later chunks'
-markers. A chunk's KV is the one it got standing first, right after the anchor: the radix path
-``anchor + chunk`` (its canonical placement). So:
+markers. A reused chunk's KV is the one it got at its canonical placement: the radix path
+``anchor + context + chunk``, where ``context`` is a fixed stand-in for what precedes a chunk that is
+not first (the caller's: ``PromptAssembler`` gives a stand-in passage and the second marker; empty:
+right after the anchor). So:
 
 * tokens the exact prefix match covers are loaded exactly, as in ``prefix`` mode;
 * a chunk that starts right after the anchor stands at its canonical placement: computed exactly;
 * every other chunk's uncovered tokens are *reused*: taken from the canonical placement, keys rotated
-  by ``delta = chunk start - anchor length`` positions (a ``ReusedRun``);
+  by ``delta = chunk start - (anchor + context) length`` positions (a ``ReusedRun``; it may be
+  negative);
 * the rest (gaps, the question, the prompt's last token) is computed.
 
 Everything before the first reused token is exact (``exact_end``); only that part of the prompt may
@@ -20,6 +23,8 @@ Example:
     (9, [(9, 0, 5, 5)])
     >>> plan.computed_positions()
     [14, 15, 16, 17, 18, 19]
+    >>> plan_stitch(20, [(4, 8), (9, 14)], cached=0, context=[7, 7]).runs[0].delta
+    3
 """
 
 from __future__ import annotations
@@ -54,6 +59,12 @@ class StitchPlan:
     anchor: int  # tokens before the first chunk span
     exact_end: int  # [0, exact_end) is loaded or computed exactly
     runs: tuple[ReusedRun, ...]
+    context: tuple[int, ...] = ()  # what stands between the anchor and a chunk at its placement
+
+    @property
+    def placement_start(self) -> int:
+        """Where a chunk's tokens begin in its canonical placement ``anchor + context + chunk``."""
+        return self.anchor + len(self.context)
 
     @property
     def reused_tokens(self) -> int:
@@ -91,19 +102,23 @@ def check_spans(spans: Sequence[Sequence[int]], total: int) -> list[Span]:
     return out
 
 
-def plan_stitch(total: int, spans: Sequence[Span], cached: int) -> StitchPlan | None:
+def plan_stitch(
+    total: int, spans: Sequence[Span], cached: int, context: Sequence[int] = ()
+) -> StitchPlan | None:
     """The plan for a ``total``-token prompt with (checked) ``spans`` whose first ``cached`` tokens the
-    exact match covers; None when nothing is left to reuse (then ``prefix`` mode does it all)."""
+    exact match covers, its chunks placed after ``anchor + context``; None when nothing is left to
+    reuse (then ``prefix`` mode does it all)."""
     if not spans:
         return None
     anchor = spans[0][0]
+    placed = anchor + len(context)
     runs = []
     for n, (start, end) in enumerate(spans):
         end = min(end, total - 1)  # the last prompt token is always computed: it gives the logits
         first = max(start, cached)
         if start == anchor or first >= end:
             continue  # canonical placement (exact when computed) or covered by the exact match
-        runs.append(ReusedRun(n, first, first - start, end - first, start - anchor))
+        runs.append(ReusedRun(n, first, first - start, end - first, start - placed))
     if not runs:
         return None
-    return StitchPlan(total, anchor, runs[0].start, tuple(runs))
+    return StitchPlan(total, anchor, runs[0].start, tuple(runs), tuple(context))

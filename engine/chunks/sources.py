@@ -1,14 +1,17 @@
-"""Where a reused chunk's KV comes from: its canonical placement ``anchor + chunk`` in the exact tree,
-else the tiers under it (disk, remote).
+"""Where a reused chunk's KV comes from: its canonical placement ``anchor + context + chunk`` in the
+exact tree, else the tiers under it (disk, remote).
 
-The radix path ``anchor + chunk`` holds the KV a chunk got when it stood first after the anchor (the
-stable prefix and the first chunk marker), so its tokens attended to the real system prompt. A chunk
-the cache does not hold (in full) is prefilled at that placement now, in scratch storage, attending
-only to the anchor: that KV is exact for the token sequence ``anchor + chunk``, so it may go into the
-exact tree, and the next request that retrieves the chunk reuses it. A placement the RAM tree lacks
-is read from the tiers first (as much of it as they hold; the rest is prefilled) and promoted into the
-tree the same way; its insert writes it to every tier, so other replicas and hosts reuse it too. The insert waits until the request's first token is out, like the
-prompt's own insert.
+The radix path ``anchor + context + chunk`` holds the KV a chunk got standing after the real system
+prompt and a fixed stand-in for the passages before it (``StitchPlan.context``; the assembler's
+stand-in passage and second marker, so the chunk's KV is that of a chunk which is not first, as
+it will be wherever it is reused). A chunk the cache does not hold (in full) is prefilled at that
+placement now, in scratch storage, after the longest prefix of the placement the cache does hold
+(at least the anchor, from the request's buffer; the context once and then from the cache): that KV
+is exact for the token sequence ``anchor + context + chunk``, so it may go into the exact tree, and
+the next request that retrieves the chunk reuses it. A placement the RAM tree lacks is read from the
+tiers first (as much of it as they hold; the rest is prefilled) and promoted into the tree the same
+way; its insert writes it to every tier, so other replicas and hosts reuse it too. The insert waits
+until the request's first token is out, like the prompt's own insert.
 
 Example:
     >>> sources = ChunkSources(cache, runner, buffers)                        # doctest: +SKIP
@@ -73,17 +76,24 @@ class ChunkSources:
         """Each run's KV; ``buffer`` must hold the prompt's anchor exactly (its KV seeds a prefill).
         Call ``release`` once the segments are placed (also on error)."""
         kv = ChunkKV()
-        anchor = list(prompt_ids[: plan.anchor])
+        head = [*prompt_ids[: plan.anchor], *plan.context]
+        head_kv: KVSegment | None = None  # computed here already: later placements start from it
         try:
             for run in plan.runs:
                 if cancelled is not None and cancelled.is_set():
                     raise RequestCancelled
                 start, end = spans[run.chunk]
-                key = anchor + list(prompt_ids[start:end])
-                whole = self._lookup(key, namespace, kv)
-                if whole is None:
-                    whole = self._compute(key, buffer, plan.anchor, namespace, kv)
-                lo = plan.anchor + run.offset
+                key = head + list(prompt_ids[start:end])
+                match = self.cache.match_prefix(key, namespace=namespace, lock=True, count=False)
+                kv.locked.append(match.node)
+                if match.length == len(key):
+                    kv.from_cache.append(True)
+                    whole = KVSegment.concat(match.values)
+                else:
+                    seed = [head_kv] if head_kv is not None and match.length < len(head) else match.values
+                    whole = self._compute(key, seed, buffer, plan.anchor, namespace, kv)
+                    head_kv = head_kv or whole[: len(head)]
+                lo = plan.placement_start + run.offset
                 kv.segments.append(whole[lo : lo + run.length])
         except BaseException:
             self.release(kv)
@@ -104,24 +114,24 @@ class ChunkSources:
             self.buffers.give(scratch)
         kv.scratch.clear()
 
-    def _lookup(self, key: list[int], namespace: str, kv: ChunkKV) -> KVSegment | None:
-        """The whole placement from the cache (locked until ``release``), or None if it is not all there."""
-        match = self.cache.match_prefix(key, namespace=namespace, lock=True, count=False)
-        kv.locked.append(match.node)
-        if match.length < len(key):
-            return None
-        kv.from_cache.append(True)
-        return KVSegment.concat(match.values)
-
     def _compute(
-        self, key: list[int], buffer: KVBuffer, anchor: int, namespace: str, kv: ChunkKV
+        self,
+        key: list[int],
+        cached: Sequence[KVSegment],
+        buffer: KVBuffer,
+        anchor: int,
+        namespace: str,
+        kv: ChunkKV,
     ) -> KVSegment:
-        """``key``'s KV in scratch storage: what the tiers hold of it, the anchor's KV from the
-        request's buffer where they stopped short of it, the rest prefilled after them."""
+        """``key``'s KV in scratch storage: the ``cached`` prefix of it, what the tiers hold after
+        that, the anchor's KV from the request's buffer where both stopped short of it, the rest
+        prefilled after them."""
         clock = time.perf_counter()
         scratch = self.buffers.take(self.runner.new_buffer, len(key))
         kv.scratch.append(scratch)
-        held = self.tiers.extend(scratch, key, namespace, limit=len(key))
+        scratch.extend(cached)
+        self.tiers.extend(scratch, key, namespace, limit=len(key))
+        held = scratch.length
         if held < anchor:
             scratch.extend([buffer.segment(held, anchor)])
             held = anchor

@@ -37,8 +37,8 @@ from prefix_cache import RadixCache
 class Stitched:
     """A finished stitched prefill. Of the prompt tokens taken from chunk placements the cache held,
     ``stitched_tokens`` kept their (rotated) KV and ``recomputed_tokens`` were computed again;
-    ``prefilled_tokens``: chunk tokens computed at their placement now (not cached before; they are
-    stitched and recomputed like the others). ``deviation``: the stitched prefill's estimate of how
+    ``prefilled_tokens``: tokens computed at the placements now (chunk tokens not cached before, which
+    are stitched and recomputed like the others, and the plan's context where the cache lacked it). ``deviation``: the stitched prefill's estimate of how
     far it is from exact (``engine.chunks.stitch``). ``phases``: seconds (``stitch_load``: lookups,
     copies and rotation; ``stitch_select``; ``chunk_prefill``; ``stitch_compute``)."""
 

@@ -208,7 +208,7 @@ def _measure_ttft(
 
 def _generate(engine: Engine, prompt: Prompt, namespace: str, reuse: Any) -> Any:
     return engine.generate(
-        prompt.token_ids, TTFT_PARAMS, namespace=namespace, reuse=reuse, chunk_spans=prompt.chunk_spans
+        prompt.token_ids, TTFT_PARAMS, namespace=namespace, reuse=reuse, **prompt.stitch_args()
     )
 
 
@@ -217,7 +217,9 @@ def _stream_prompts(requests: Sequence[Any], pipeline: Pipeline, n: int) -> list
     for i in sample_indices(len(requests), n):
         req = requests[i]
         prompt = pipeline.assemble(req.question, req.hits, req.tenant)
-        prompts.append(FidelityPrompt(list(prompt.token_ids), list(prompt.chunk_spans), req.tenant))
+        prompts.append(
+            FidelityPrompt(list(prompt.token_ids), list(prompt.chunk_spans), req.tenant, prompt.chunk_context)
+        )
     return prompts
 
 

@@ -36,11 +36,12 @@ from engine.sampling import SamplingParams
 
 @dataclass(frozen=True)
 class FidelityPrompt:
-    """One prompt to compare on: ids, chunk spans, tenant."""
+    """One prompt to compare on: ids, chunk spans, tenant, chunk context (``Prompt.chunk_context``)."""
 
     token_ids: list[int]
     chunk_spans: list[tuple[int, int]]
     namespace: str = ""
+    chunk_context: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -122,6 +123,7 @@ def _submit(
         "namespace": prompt.namespace,
         "reuse": setting,
         "chunk_spans": prompt.chunk_spans,
+        "chunk_context": prompt.chunk_context,
     }
     answer = engine.stream(prompt.token_ids, params, **kwargs)
     score = engine.score(prompt.token_ids, forced, **kwargs) if forced else None

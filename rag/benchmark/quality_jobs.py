@@ -52,7 +52,7 @@ class Job:
     def submit(self, params: SamplingParams) -> None:
         self.built = self.prompt()
         ids = self.built.token_ids
-        kwargs = {**self.kwargs, "chunk_spans": self.built.chunk_spans}
+        kwargs = {**self.kwargs, **self.built.stitch_args()}
         self._answer = self.engine.stream(ids, params, **kwargs)
         if self.batch_scoring and self.forced:
             self._scoring = self.engine.score(ids, self.forced, **kwargs)
@@ -71,7 +71,7 @@ class Job:
             self.forced = self.result.token_ids[: self.score_own]
         if self._scoring is None and self.forced:
             assert self.built is not None
-            kwargs = {**self.kwargs, "chunk_spans": self.built.chunk_spans}
+            kwargs = {**self.kwargs, **self.built.stitch_args()}
             self._scoring = self.engine.score(self.built.token_ids, self.forced, **kwargs)
 
     def finish_scoring(self) -> None:

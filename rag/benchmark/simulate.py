@@ -116,6 +116,7 @@ class SimulatedEngine:
         namespace: str = "",
         reuse: Any = None,
         chunk_spans: Sequence[tuple[int, int]] | None = None,
+        chunk_context: Sequence[int] | None = None,
     ) -> Iterator[StreamEvent]:
         raise NotImplementedError("SimulatedEngine has no model: use serve() for cache behaviour")
 

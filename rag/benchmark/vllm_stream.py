@@ -72,7 +72,7 @@ def run_stream(vllm_url: str, requests: int, say: Callable[[str], None]) -> dict
                 else:
                     reuse = "chunks" if name == CHUNKS else "prefix"
                     r = engines[name].generate(
-                        list(prompt.token_ids), TTFT_PARAMS, reuse=reuse, chunk_spans=prompt.chunk_spans
+                        list(prompt.token_ids), TTFT_PARAMS, reuse=reuse, **prompt.stitch_args()
                     )
                     reused = r.cached_tokens + r.stitched_tokens
                 results[name]["ttft_s"].append(r.ttft_s)

@@ -24,6 +24,7 @@ from typing import Any
 from engine.sampling import DEFAULT_MAX_TOKENS
 from rag.prompt.order import ORDERS, ChunkLike, PrefixProbe, canonical_key, fit_count, order_indices
 from rag.prompt.prompt import Part, Prompt, Segment, join_parts
+from rag.prompt.stand_in import STAND_IN_SOURCE, STAND_IN_TEXT
 from rag.prompt.template import ChatLayout, default_context_length, fold_system, validate_messages
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "ORDERS", "ChunkLike", "Prompt", "PromptAssembler", "Segment"]
@@ -95,6 +96,9 @@ class PromptAssembler:
         self._layout = ChatLayout(tokenizer)
         self._stable_parts, self._tail = self._build_stable()
         self.stable_ids: list[int] = [i for part in self._stable_parts for i in part.ids]
+        # what stands between the anchor and a reused chunk at its canonical placement
+        stand_in = CHUNK_TEMPLATE.format(doc_id=STAND_IN_SOURCE, text=STAND_IN_TEXT)
+        self.chunk_context: list[int] = self._layout.encode(stand_in) + self._marker(1)
         if len(self.stable_ids) >= self.budget:
             raise ValueError(
                 f"system prompt, tools and pinned context take {len(self.stable_ids)} tokens, leaving no "
@@ -175,12 +179,24 @@ class PromptAssembler:
             [*head, *chunk_parts, question_part, *after],
             chunks=[ranked[i] for i in perm],
             dropped=[str(c.chunk_id) for c in ranked[kept:]],
+            chunk_context=self.chunk_context,
         )
 
     def placement(self, chunk: ChunkLike) -> list[int]:
-        """The ids a chunk's KV is cached under: the stable prefix, the first ``[n]`` marker and the
-        chunk's body, i.e. how every prompt with this chunk first begins (what warming prefills)."""
+        """The ids of a prompt that begins with ``chunk``: the stable prefix, the first ``[n]`` marker
+        and the chunk's body (its exact prefix wherever it comes first; what warming prefills)."""
         return [*self.stable_ids, *self._marker(0), *self._layout.encode(chunk_body(chunk))]
+
+    def stitch_placement(self, chunk: ChunkLike) -> list[int]:
+        """The ids ``chunk``'s KV is cached under for ``chunks`` reuse wherever it is not first: the
+        stable prefix, ``[1]``, the stand-in passage (``rag.prompt.stand_in``), ``[2]`` and the
+        chunk's body (also what warming prefills)."""
+        return [
+            *self.stable_ids,
+            *self._marker(0),
+            *self.chunk_context,
+            *self._layout.encode(chunk_body(chunk)),
+        ]
 
     def _fit(self, question: str, bodies: list[list[int]], fixed: int, tail: str) -> tuple[Part, int]:
         """The question part and how many best-ranked chunks fit beside it and the ``fixed`` tokens

@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rag.prompt.order import ChunkLike
 
@@ -39,6 +40,8 @@ class Prompt:
     ``chunk_spans``: ``token_ids[start:end]`` of each chunk's body (its ``[n]`` marker excluded), in
     prompt order: what the engine's ``chunks`` reuse mode stitches (a body's ids are the same wherever
     it stands; everything before the first body is the prefix each chunk is cached after).
+    ``chunk_context``: what stands between that prefix and a reused chunk where the engine computes
+    its KV (the engine's ``chunk_context``; ``rag.prompt.stand_in``).
     """
 
     token_ids: list[int]
@@ -48,6 +51,7 @@ class Prompt:
     dropped_chunk_ids: list[str] = field(default_factory=list)
     chunks: list[ChunkLike] = field(default_factory=list)
     chunk_spans: list[tuple[int, int]] = field(default_factory=list)
+    chunk_context: list[int] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -55,6 +59,10 @@ class Prompt:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def stitch_args(self) -> dict[str, Any]:
+        """The engine's keyword arguments for stitching this prompt's chunks (``reuse="chunks"``)."""
+        return {"chunk_spans": self.chunk_spans, "chunk_context": self.chunk_context}
 
 
 @dataclass
@@ -74,7 +82,10 @@ class Part:
 
 
 def join_parts(
-    parts: list[Part], chunks: list[ChunkLike] | None = None, dropped: list[str] | None = None
+    parts: list[Part],
+    chunks: list[ChunkLike] | None = None,
+    dropped: list[str] | None = None,
+    chunk_context: list[int] | None = None,
 ) -> Prompt:
     """The prompt the parts make, in order; ``chunks`` are the ones their chunk parts hold."""
     ids: list[int] = []
@@ -95,4 +106,5 @@ def join_parts(
         dropped_chunk_ids=dropped or [],
         chunks=chunks,
         chunk_spans=spans,
+        chunk_context=list(chunk_context or []),
     )

@@ -42,6 +42,11 @@ def test_warm_prefills_every_chunk_once(pipeline):
     first = pipeline.warm("warm-once")
     assert first.chunks == pipeline.kb.n_chunks == first.warmed
     assert first.tokens > 0 and not first.not_fitted and not first.cancelled
+    asm, engine = pipeline.assembler, pipeline.engine
+    for info in pipeline.kb.list_documents():
+        for chunk in pipeline.kb.chunks_of(info.id, info.collection):  # both placements, whole
+            for ids in (asm.placement(chunk), asm.stitch_placement(chunk)):
+                assert engine.cached_prefix_length(ids, "warm-once") == len(ids)
     again = pipeline.warm("warm-once")  # resumable: what is cached is skipped
     assert again.warmed == 0 and again.already_cached == first.chunks
 
@@ -85,7 +90,7 @@ def test_warmed_chunks_are_not_shared_across_tenants(pipeline):
 
 
 def test_warm_stays_within_the_cache_budget(loaded_model, embedder, llm_tokenizer):
-    p = _pipeline(loaded_model, embedder, llm_tokenizer, cache_bytes=180 * BYTES_PER_TOKEN, kv_slab_bytes=0)
+    p = _pipeline(loaded_model, embedder, llm_tokenizer, cache_bytes=600 * BYTES_PER_TOKEN, kv_slab_bytes=0)
     try:
         report = p.warm()
         assert report.warmed >= 1 and report.not_fitted

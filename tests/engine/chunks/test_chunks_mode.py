@@ -31,6 +31,17 @@ PASSAGES = {
 }
 
 
+STAND_IN = " (source: reference)\nGeneral notes on how the records are kept, which terms they use and where the details are."
+
+
+def stand_in_context(tokenizer) -> list[int]:
+    """A chunk context as the assembler makes one: a stand-in passage, then the second marker."""
+    return (
+        tokenizer(STAND_IN, add_special_tokens=False)["input_ids"]
+        + tokenizer("\n\n[2]", add_special_tokens=False)["input_ids"]
+    )
+
+
 def rag_prompt(tokenizer, order: str, question: str = "What is the secret code?") -> tuple[list[int], list]:
     """[system][[1] body][\\n\\n[2] body]...[question], each piece tokenized on its own (as the assembler
     does); returns the ids and the bodies' spans."""
@@ -75,15 +86,17 @@ def test_a_rotated_key_is_the_key_at_the_new_position(engine):
     )
 
 
-def test_recomputing_every_reused_token_equals_full_prefill(engine):
+@pytest.mark.parametrize("with_context", [False, True])
+def test_recomputing_every_reused_token_equals_full_prefill(engine, with_context):
     runner = engine.runner
     ids, spans = rag_prompt(engine.tokenizer, "abc")
+    context = stand_in_context(engine.tokenizer) if with_context else []
     cache = RadixCache(1 << 30)
     stitcher = ChunkStitcher(cache, runner, BufferPool(0))
     reference = runner.prefill(ids, runner.new_buffer(len(ids)))
     results = {}
     for share in (0.0, 1.0, 0.0):  # the first pass prefills the placements, the others reuse them
-        plan = plan_stitch(len(ids), spans, cached=0)
+        plan = plan_stitch(len(ids), spans, cached=0, context=context)
         assert plan is not None and len(plan.runs) == 2
         buffer = runner.new_buffer(len(ids))
         runner.prefill(ids[: plan.exact_end], buffer)
@@ -92,7 +105,8 @@ def test_recomputing_every_reused_token_equals_full_prefill(engine):
             cache.insert(key, kv)
         stitcher.recycle(out)
         results[share] = out.logits
-        assert out.prefilled_tokens + out.stitched_tokens + out.recomputed_tokens == plan.reused_tokens
+        placed = out.prefilled_tokens - (len(context) if out.prefilled_tokens else 0)  # once, if at all
+        assert placed + out.stitched_tokens + out.recomputed_tokens == plan.reused_tokens
         assert out.recomputed_tokens == (plan.reused_tokens if share else 0)
     assert torch.allclose(results[1.0], reference, atol=1e-3)
     assert not torch.allclose(results[0.0], reference, atol=1e-3)  # the naive stitch does change them
@@ -118,6 +132,34 @@ def test_chunks_are_reused_wherever_they_stand(engine_chunks):
     assert engine_chunks.stats()["stitched_tokens"] == before + warm.stitched_tokens
     prefix = engine_chunks.generate(ids, GREEDY, namespace=ns, chunk_spans=spans, reuse="prefix")
     assert prefix.reuse == "prefix" and prefix.stitched_tokens == 0
+
+
+def test_a_chunk_context_places_chunks_after_it_once(engine_chunks):
+    """With ``chunk_context`` a reused chunk's KV is computed (and cached) after ``anchor + context``;
+    the context is prefilled once and shared by every chunk's placement, and the placements are exact."""
+    ns, runner = "context", engine_chunks.runner
+    context = stand_in_context(engine_chunks.tokenizer)
+    ids, spans = rag_prompt(engine_chunks.tokenizer, "abc")
+    cold = engine_chunks.generate(ids, GREEDY, namespace=ns, chunk_spans=spans, chunk_context=context)
+    bodies = {name: ids[s:e] for name, (s, e) in zip("abc", spans, strict=True)}
+    assert cold.chunk_prefill_tokens == len(context) + len(bodies["b"]) + len(bodies["c"])
+    anchor = ids[: spans[0][0]]
+    full_ns = engine_chunks._namespace(ns)
+    key = anchor + context + bodies["c"]
+    hit = engine_chunks.cache.match_prefix(key, namespace=full_ns)
+    assert hit.length == len(key)
+    placed, fresh = runner.new_buffer(len(key)), runner.new_buffer(len(key))
+    placed.load_prefix(hit.values)
+    runner.prefill(key, fresh)
+    close(placed.stores()[0][:, :, :, : len(key)], fresh.stores()[0][:, :, :, : len(key)])
+    again, again_spans = rag_prompt(engine_chunks.tokenizer, "cab", "Who leads the team?")
+    warm = engine_chunks.generate(again, GREEDY, namespace=ns, chunk_spans=again_spans, chunk_context=context)
+    shared = next(i for i, (x, y) in enumerate(zip(bodies["a"], bodies["b"])) if x != y)  # " (source: "
+    assert warm.chunk_prefill_tokens == len(bodies["a"]) - shared  # the context and b's placement: cached
+    assert warm.stitched_tokens + warm.recomputed_tokens == len(bodies["b"])
+    plain = engine_chunks.generate(again, GREEDY, namespace=ns, chunk_spans=again_spans)
+    # no context: anchor + a is cached (the first prompt began with it), anchor + b is new
+    assert plain.chunk_prefill_tokens == len(bodies["b"]) - shared
 
 
 def test_exact_mode_never_reads_stitched_kv(engine_chunks, engine_nocache):
@@ -244,6 +286,12 @@ def test_bad_reuse_options_are_value_errors(engine_chunks):
         engine_chunks.submit(ids, GREEDY, reuse="sideways")
     with pytest.raises(ValueError, match="within the prompt"):
         engine_chunks.submit(ids, GREEDY, chunk_spans=[(5, len(ids) + 3)])
+    with pytest.raises(ValueError, match="chunk_context must hold token ids"):
+        engine_chunks.submit(ids, GREEDY, chunk_context=[1, -4])
+    with pytest.raises(ValueError, match="chunk_context must be a list"):
+        engine_chunks.submit(ids, GREEDY, chunk_context="[2]")
+    with pytest.raises(ValueError, match="exceed the model's context"):
+        engine_chunks.submit(ids, GREEDY, chunk_context=[1] * engine_chunks.max_context)
     with pytest.raises(ValueError, match="share"):
         ChunkReuse("first", 1.5)
 

@@ -18,6 +18,7 @@ from rag.prompt.assembler import (
     PromptAssembler,
     chunk_body,
 )
+from rag.prompt.stand_in import STAND_IN_SOURCE, STAND_IN_TEXT
 
 TOOLS = [
     {"name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}},
@@ -181,6 +182,22 @@ def test_chunk_spans_hold_each_body_with_the_same_ids_wherever_it_stands(asm, to
         assert p.token_ids[:first] == asm.placement(p.chunks[0])[:first]  # the anchor: stable prefix + "[1]"
         assert p.token_ids[: p.chunk_spans[0][1]] == asm.placement(p.chunks[0])
     assert asm.assemble(QUESTION, []).chunk_spans == []
+
+
+def test_a_stitch_placement_is_a_stand_in_passage_then_the_chunk_as_second(asm, tokenizer):
+    """A reused chunk's KV is computed as if it stood second after a passage that is no chunk: the
+    stand-in is laid out as a chunk is, and the chunk follows as in a real prompt at ``[2]``."""
+    stand_in = Chunk(STAND_IN_SOURCE, "stand-in", STAND_IN_TEXT)
+    real = asm.assemble(QUESTION, [stand_in, CHUNKS[1]])
+    assert real.token_ids[: real.chunk_spans[1][1]] == asm.stitch_placement(CHUNKS[1])
+    prompt = asm.assemble(QUESTION, [CHUNKS[0], CHUNKS[1]])
+    assert (
+        prompt.chunk_context
+        == asm.chunk_context
+        == real.token_ids[real.chunk_spans[0][0] : real.chunk_spans[1][0]]
+    )
+    assert prompt.stitch_args() == {"chunk_spans": prompt.chunk_spans, "chunk_context": asm.chunk_context}
+    assert not any(str(c.chunk_id) == "stand-in" for c in CHUNKS)
 
 
 def test_special_tokens_in_content_stay_text(asm, tokenizer):

@@ -8,7 +8,7 @@ not first (the caller's: ``PromptAssembler`` gives a stand-in passage and the se
 right after the anchor). So:
 
 * tokens the exact prefix match covers are loaded exactly, as in ``prefix`` mode;
-* a chunk that starts right after the anchor stands at its canonical placement: computed exactly;
+* a chunk that starts right after the anchor is computed exactly (as a prefix: ``anchor + chunk``);
 * every other chunk's uncovered tokens are *reused*: taken from the canonical placement, keys rotated
   by ``delta = chunk start - (anchor + context) length`` positions (a ``ReusedRun``; it may be
   negative);

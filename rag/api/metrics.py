@@ -180,7 +180,7 @@ class EngineCollector:
             (
                 "prefixrag_chunk_reuse_prefilled_tokens",
                 "chunk_prefill_tokens",
-                "Chunk tokens prefilled at their canonical placement (then cached)",
+                "Tokens prefilled at chunks' canonical placements (then cached)",
             ),
         ):
             yield _counter(name, doc, stats.get(key, 0))

@@ -107,8 +107,8 @@ async def cache_warm(
 async def cache_warm_chunks(
     services: ServicesDep, principal: PrincipalDep, access: AccessDep
 ) -> dict[str, Any]:
-    """Prefill every chunk the caller may read at its placement (stable prefix, ``[1]``, chunk) into the
-    cache for the caller's namespace, in the background: chunks mode then reuses them on the first question too.
+    """Prefill every chunk the caller may read at its placements (stable prefix, ``[1]``, chunk; and the
+    same after the stand-in passage and ``[2]``, ``rag.warming``) into the cache for the caller's namespace, in the background: chunks mode then reuses them on the first question too.
     Skips what is cached, stops adding once the cache budget is full (``report.not_fitted``)."""
     pipeline = services.ready_pipeline()
     running = services.warm_job

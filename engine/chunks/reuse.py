@@ -34,7 +34,7 @@ SHARED_STRATEGIES = frozenset({"first", "edges", "tail", "first_tail", "deviatio
 # strategies that select by looking at ``select_layer``
 LAYERED_STRATEGIES = frozenset({"deviation", "query"})
 
-# the QA set's best at the default budget (docs/benchmarks/report.md, answer quality)
+# the QA set's choice (docs/benchmarks/quality/: amd-epyc-zen5/report.md, stand_in.md)
 DEFAULT_STRATEGY: RecomputeStrategy = "first_tail"
 DEFAULT_SHARE = 0.2
 DEFAULT_SELECT_LAYER = 1

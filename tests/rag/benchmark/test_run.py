@@ -74,7 +74,7 @@ TINY = BenchConfig.quick_run(
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, loaded_model, embedder, llm_tokenizer):
-    kb = KnowledgeBase(embedder=embedder, chunker=Chunker(llm_tokenizer))
+    kb = KnowledgeBase(embedder=embedder, chunker=Chunker(llm_tokenizer, 96, 16))
     kb.add_documents(load_python_reference()[:TOPICS])
     out = tmp_path_factory.mktemp("bench")
     results = run_benchmark(TINY, out, loaded=loaded_model, knowledge_base=kb, command="pytest")

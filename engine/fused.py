@@ -238,13 +238,16 @@ class FusedLlamaRunner:
         return weight_bytes(held)
 
     # ---- building blocks --------------------------------------------------------------------
-    def _linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def _linear(
+        self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, exact: bool = True
+    ) -> torch.Tensor:
         # every projection and the lm_head go through here: x [T, in] -> [T, out]
         if isinstance(weight, TiledLinear):  # each row alone: no tiles needed
             return weight(x, bias)
         if isinstance(weight, Int8Weight):
             return int8_linear(x, weight, bias)
-        if x.shape[0] < TILE or not self.exact_shapes:  # decode's few rows: no row-exactness promised
+        # decode's few rows, or rows whose KV no cache holds: no row-exactness promised, one call
+        if x.shape[0] < TILE or not (exact and self.exact_shapes):
             if isinstance(weight, PackedLinear):
                 return weight(x) if bias is None else weight(x) + bias
             return F.linear(x, weight, bias)
@@ -267,10 +270,10 @@ class FusedLlamaRunner:
         return x * cos + rotated * sin
 
     def _qkv(
-        self, layer: LlamaLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, layer: LlamaLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, exact: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # x: [T, hidden] -> q [T, H, D], k/v [T, KVH, D] (rope applied to q and k)
-        qkv = self._linear(self._norm(x, layer.in_norm), layer.wqkv, layer.bqkv)
+        qkv = self._linear(self._norm(x, layer.in_norm), layer.wqkv, layer.bqkv, exact)
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         if self.rows is not None and cos.dtype == qkv.dtype:
             q, k = self.rows.rope(qkv, cos, sin, h, kvh)
@@ -279,16 +282,16 @@ class FusedLlamaRunner:
         qk = self._rope(qkv[:, : (h + kvh) * d].view(-1, h + kvh, d), cos, sin)
         return qk[:, :h].contiguous(), qk[:, h:], qkv[:, (h + kvh) * d :].view(-1, kvh, d)
 
-    def _mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self._linear(self._norm(x, layer.post_norm), layer.wgu)
+    def _mlp(self, layer: LlamaLayer, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
+        gate_up = self._linear(self._norm(x, layer.post_norm), layer.wgu, exact=exact)
         if self.rows is not None:
-            return self._linear(self.rows.silu_mul(gate_up), layer.wdown)
+            return self._linear(self.rows.silu_mul(gate_up), layer.wdown, exact=exact)
         gate, value = gate_up.chunk(2, dim=-1)
-        return self._linear(F.silu(gate) * value, layer.wdown)
+        return self._linear(F.silu(gate) * value, layer.wdown, exact=exact)
 
-    def _attn_out(self, layer: LlamaLayer, attn: torch.Tensor) -> torch.Tensor:
+    def _attn_out(self, layer: LlamaLayer, attn: torch.Tensor, exact: bool = True) -> torch.Tensor:
         # attn: [T, H*D] -> [T, hidden] (o_proj)
-        return self._linear(attn, layer.wo, layer.bo)
+        return self._linear(attn, layer.wo, layer.bo, exact)
 
     def _attend(
         self,
@@ -318,10 +321,10 @@ class FusedLlamaRunner:
             logits = rescore_top(logits, self._norm(x, norm), head)
         return logits
 
-    def last_logits(self, x: torch.Tensor) -> torch.Tensor:
+    def last_logits(self, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
         """Float32 logits ``[vocab]`` of the last row of ``x``, computed as one tile (alone where the
-        lm_head is row-exact)."""
-        return self._logits(x[-1:] if self.tiled else pad_rows(x[-1:], TILE))[0]
+        lm_head is row-exact, or where ``exact`` is False: the row of a stitched prefill)."""
+        return self._logits(x[-1:] if self.tiled or not exact else pad_rows(x[-1:], TILE))[0]
 
     def embed_ids(self, token_ids: Sequence[int], rows: int = 0) -> torch.Tensor:
         """Hidden states ``[max(len, rows), hidden]`` of ``token_ids``, padded with token 0."""
@@ -335,32 +338,36 @@ class FusedLlamaRunner:
         positions: torch.Tensor,
         attention: Attention,
         layers: Iterable[int] | None = None,
+        exact: bool = True,
     ) -> torch.Tensor:
         """Run hidden states ``x [T, hidden]`` (row i at ``positions[i]``) through ``layers`` (default
-        all): each writes the rows' K/V and attends as ``attention`` says. Returns the new ``x``."""
+        all): each writes the rows' K/V and attends as ``attention`` says. Returns the new ``x``.
+        ``exact=False``: each matmul in one call, its rows' results then depend on the row count (for
+        rows whose KV no cache holds, such as a stitched prefill's)."""
         cos, sin = self.rope(positions)
         for i in range(self.num_layers) if layers is None else layers:
             layer = self.layers[i]
-            q, k, v = self._qkv(layer, x, cos, sin)
+            q, k, v = self._qkv(layer, x, cos, sin, exact)
             attention.write(i, *self.round_kv(k, v))
-            x = x + self._attn_out(layer, attention.attend(i, q))
-            x = x + self._mlp(layer, x)
+            x = x + self._attn_out(layer, attention.attend(i, q), exact)
+            x = x + self._mlp(layer, x, exact)
         return x
 
     def layer_kv(self, layer: int, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The K/V ``[T, KVH, D]`` (in the cache's format) that ``layer`` computes for hidden states
-        ``x`` at ``positions``, written nowhere."""
+        ``x`` at ``positions``, written nowhere (for a stitched prefill: each matmul in one call)."""
         cos, sin = self.rope(positions)
-        _, k, v = self._qkv(self.layers[layer], x, cos, sin)
+        _, k, v = self._qkv(self.layers[layer], x, cos, sin, exact=False)
         return self.round_kv(k, v)
 
     def run_at(
         self, buffer: KVBuffer, x: torch.Tensor, positions: torch.Tensor, layers: Iterable[int] | None = None
     ) -> torch.Tensor:
-        """``x`` at explicit ascending ``positions`` of ``buffer`` (a stitched prefill): every layer writes
-        their K/V there, then attends causally over what the buffer holds up to each position."""
+        """``x`` at explicit ascending ``positions`` of ``buffer`` (a stitched prefill, whose KV no cache
+        holds: each matmul in one call): every layer writes their K/V there, then attends causally over
+        what the buffer holds up to each position."""
         attention = PositionsAttention(buffer, positions, self.scale, self.attention)
-        return self.run_layers(x, positions, attention, layers)
+        return self.run_layers(x, positions, attention, layers, exact=False)
 
     # ---- forward passes ---------------------------------------------------------------------
     @torch.inference_mode()

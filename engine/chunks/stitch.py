@@ -103,7 +103,7 @@ class StitchedPrefill:
             stitched[: plan.exact_end] = False
             stats.deviation = float(mass[stitched[: mass.shape[0]]].sum())
         buffer.set_length(plan.total)
-        return self.runner.last_logits(x), stats
+        return self.runner.last_logits(x, exact=False), stats
 
     def embed(self, prompt_ids: Sequence[int], positions: torch.Tensor) -> torch.Tensor:
         """Input hidden states ``[T, hidden]`` of the tokens at ``positions``."""
@@ -135,7 +135,7 @@ class StitchedPrefill:
             *watch,
             self._mass,
         )
-        return self.runner.run_layers(x, positions, attention, layers), attention.mass
+        return self.runner.run_layers(x, positions, attention, layers, exact=False), attention.mass
 
     @torch.inference_mode()
     def attention_mass(

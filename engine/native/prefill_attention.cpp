@@ -24,6 +24,7 @@ namespace {
 using namespace prefixrag;
 
 constexpr int64_t KEYS = 64;  // keys per block: four score vectors, one online-softmax update
+static_assert(KEYS == 64, "a whole block's softmax sums four score vectors");
 constexpr int ROWS = 4;       // query rows per pass over a head's keys: 16 independent score sums
 
 // One kv head's keys and values as 32-bit words of bf16 pairs, block by block, zero past `keys`:
@@ -31,8 +32,9 @@ constexpr int ROWS = 4;       // query rows per pass over a head's keys: 16 inde
 //  vt[block][key pair][dim]: a block's value sums taken pair of keys by pair.
 // Pure data movement, 16 keys (gathered) or 32 dims (interleaved) per instruction: every call moves
 // all the keys its rows see, however few the rows.
-AVX512 void transpose_kv(const bf16* k, const bf16* v, int64_t d, int64_t keys, uint32_t* kt, uint32_t* vt) {
-  const int64_t blocks = (keys + KEYS - 1) / KEYS, pairs = d / 2;
+AVX512 void transpose_kv(const bf16* k, const bf16* v, int64_t d, int64_t keys, uint32_t* kt, uint32_t* vt,
+                         int64_t b0, int64_t b1) {  // blocks [b0, b1)
+  const int64_t pairs = d / 2;
   const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                           _mm512_set1_epi32(int(pairs)));
   alignas(64) uint16_t lo_idx[32], hi_idx[32];  // interleave two rows' 16-bit elements 0-15, then 16-31
@@ -42,7 +44,7 @@ AVX512 void transpose_kv(const bf16* k, const bf16* v, int64_t d, int64_t keys, 
   }
   const __m512i lo_perm = _mm512_load_si512(lo_idx), hi_perm = _mm512_load_si512(hi_idx);
   const uint32_t* k32 = reinterpret_cast<const uint32_t*>(k);
-  for (int64_t b = 0; b < blocks; ++b) {
+  for (int64_t b = b0; b < b1; ++b) {
     uint32_t* kd = kt + b * pairs * KEYS;
     uint32_t* vd = vt + b * (KEYS / 2) * d;
     for (int64_t j0 = 0; j0 < KEYS; j0 += 16) {
@@ -107,7 +109,35 @@ AVX512 void attend_tile(const bf16* const* qrow, const int64_t* pos, int n, cons
     for (int r = 0; r < R; ++r) {
       const int64_t visible = r < n ? pos[r] - b * KEYS + 1 : 0;  // keys of this block the row sees
       count[r] = int(visible < 0 ? 0 : (visible > KEYS ? KEYS : visible));
+    }
+    // A row that sees the whole block (most blocks): no masks, and every such row's rescale in one
+    // vector exp. Which path a row takes depends on its own position alone, never on its tile mates.
+    alignas(64) float top[16] = {}, old[16] = {}, shrink[16];
+    for (int r = 0; r < R; ++r) {
+      if (count[r] != KEYS) continue;
+      // scale > 0: the largest scaled score is the largest score, scaled
+      const __m512 mx = _mm512_max_ps(_mm512_max_ps(s[r][0], s[r][1]), _mm512_max_ps(s[r][2], s[r][3]));
+      top[r] = std::max(m[r], scale * _mm512_reduce_max_ps(mx));
+      old[r] = m[r];
+    }
+    // e^(-inf) on a row's first block: exp_ps clamps it to e^-87, a factor on sums that are still 0
+    _mm512_store_ps(shrink, exp_ps(_mm512_sub_ps(_mm512_load_ps(old), _mm512_load_ps(top))));
+    for (int r = 0; r < R; ++r) {
+      if (count[r] == KEYS) {
+        const __m512 t = _mm512_set1_ps(top[r]);
+        __m512 e[NV];
+        for (int h = 0; h < NV; ++h) e[h] = exp_le0_ps(_mm512_fmsub_ps(s[r][h], sc, t));
+        const __m512 f = _mm512_set1_ps(shrink[r]);
+        for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_mul_ps(o[r][c], f);
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3]));
+        l[r] = l[r] * shrink[r] + _mm512_reduce_add_ps(sum);
+        m[r] = top[r];
+        for (int h = 0; h < NV; h += 2)
+          _mm512_store_si512(pw[r] + 8 * h, (__m512i)_mm512_cvtne2ps_pbh(e[h + 1], e[h]));
+        continue;
+      }
       if (count[r] == 0) continue;
+      // the block holding the row's position: the keys past it masked out
       const __m512i seen_n = _mm512_set1_epi32(count[r]);
       __mmask16 seen[NV];
       __m512 x[NV];
@@ -117,28 +147,22 @@ AVX512 void attend_tile(const bf16* const* qrow, const int64_t* pos, int n, cons
         x[h] = _mm512_mask_mov_ps(_mm512_set1_ps(neg_inf), seen[h], _mm512_mul_ps(s[r][h], sc));
         mx = _mm512_max_ps(mx, x[h]);
       }
-      const float top = std::max(m[r], _mm512_reduce_max_ps(mx));
-      const __m512 t = _mm512_set1_ps(top);
-      __m512 e[NV];
+      const float row_top = std::max(m[r], _mm512_reduce_max_ps(mx));
+      const __m512 t = _mm512_set1_ps(row_top);
       __m512 sum = _mm512_setzero_ps();
       for (int h = 0; h < NV; ++h) {
-        e[h] = _mm512_maskz_mov_ps(seen[h], exp_ps(_mm512_sub_ps(x[h], t)));
-        sum = _mm512_add_ps(sum, e[h]);
+        const __m512 e = _mm512_maskz_mov_ps(seen[h], exp_ps(_mm512_sub_ps(x[h], t)));
+        sum = _mm512_add_ps(sum, e);
+        _mm512_store_ps(p[r] + 16 * h, e);
       }
-      if (top != m[r]) {  // a new maximum: rescale what is summed so far (exp(-inf) = 0 at first)
-        const float shrink = std::exp(m[r] - top);
-        l[r] *= shrink;
-        const __m512 f = _mm512_set1_ps(shrink);
+      if (row_top != m[r]) {  // a new maximum: rescale what is summed so far (exp(-inf) = 0 at first)
+        const float row_shrink = std::exp(m[r] - row_top);
+        l[r] *= row_shrink;
+        const __m512 f = _mm512_set1_ps(row_shrink);
         for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_mul_ps(o[r][c], f);
-        m[r] = top;
+        m[r] = row_top;
       }
       l[r] += _mm512_reduce_add_ps(sum);
-      if (count[r] == KEYS) {
-        for (int h = 0; h < NV; h += 2)
-          _mm512_store_si512(pw[r] + 8 * h, (__m512i)_mm512_cvtne2ps_pbh(e[h + 1], e[h]));
-      } else {
-        for (int h = 0; h < NV; ++h) _mm512_store_ps(p[r] + 16 * h, e[h]);
-      }
     }
     const uint32_t* vb = vt + b * HALF * D;
     for (int j = 0; j < HALF; ++j) {  // whole blocks: a pair of keys per step
@@ -198,10 +222,13 @@ torch::Tensor attend_rows(const torch::Tensor& q, const torch::Tensor& k, const 
   std::vector<uint32_t> kt(size_t(kv_heads * blocks * block_words)), vt(kt.size());
   const bf16* ks = reinterpret_cast<const bf16*>(k.data_ptr());
   const bf16* vs = reinterpret_cast<const bf16*>(v.data_ptr());
-  at::parallel_for(0, kv_heads, 1, [&](int64_t a, int64_t b) {
-    for (int64_t g = a; g < b; ++g) {
+  // (kv head, block) items: a few heads over two threads would leave one idle for a third of it
+  at::parallel_for(0, kv_heads * blocks, 1, [&](int64_t a, int64_t e) {
+    while (a < e) {
+      const int64_t g = a / blocks, b0 = a % blocks, b1 = std::min(blocks, b0 + (e - a));
       const int64_t at = g * blocks * block_words;
-      transpose_kv(ks + g * k.stride(0), vs + g * v.stride(0), d, keys, kt.data() + at, vt.data() + at);
+      transpose_kv(ks + g * k.stride(0), vs + g * v.stride(0), d, keys, kt.data() + at, vt.data() + at, b0, b1);
+      a += b1 - b0;
     }
   });
   const int64_t tiles = (t + ROWS - 1) / ROWS;

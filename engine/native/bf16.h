@@ -57,8 +57,8 @@ AVX512 inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// e^x for x <= 0 with no -inf (softmax scores minus their maximum, every one visible): 2^n e^r,
-// r in [-ln2/2, ln2/2] by a degree-6 Taylor polynomial (~1 ulp), four fewer operations than exp_ps
+// e^x for finite x at most a rounding above 0 (softmax scores minus their maximum, every one visible,
+// so no -inf and no clamp): 2^n e^r, r in [-ln2/2, ln2/2] by a degree-6 Taylor polynomial (~1 ulp)
 AVX512 inline __m512 exp_le0_ps(__m512 x) {
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
   const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693147180559945f), x);

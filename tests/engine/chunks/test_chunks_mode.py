@@ -169,7 +169,9 @@ def test_exact_mode_never_reads_stitched_kv(engine_chunks, engine_nocache):
     engine_chunks.generate(first, GREEDY, namespace=ns, chunk_spans=first_spans)
     ids, spans = rag_prompt(engine_chunks.tokenizer, "abc")
     engine_chunks.generate(ids, GREEDY, namespace=ns, chunk_spans=spans)
-    exact_end = spans[1][0]  # everything after chunk b's start was stitched
+    # the first prompt cached anchor + a (a's placement): the marker after a and everything after it
+    # were computed in the stitched pass, so the cache holds the exact part up to a's end
+    exact_end = spans[0][1]
     full_ns = engine_chunks._namespace(ns)
     assert engine_chunks.cache.peek_length(ids, namespace=full_ns) == exact_end
     fresh = runner.new_buffer(len(ids))

@@ -51,3 +51,15 @@ def test_the_last_prompt_token_is_always_computed():
 def test_bad_spans_are_named(spans, message):
     with pytest.raises(ValueError, match=message):
         check_spans(spans, 20)
+
+
+def test_the_marker_after_a_cached_first_chunk_is_computed_with_the_stitched_tokens():
+    # the exact match covers chunk [4, 8): the marker at 8 is computed in the stitched pass, not
+    # prefilled exactly (a whole row tile for one token) and cached
+    plan = plan_stitch(20, [(4, 8), (9, 14), (15, 18)], cached=8)
+    assert plan is not None
+    assert plan.exact_end == 8
+    assert plan.runs[0].start == 9
+    assert plan.computed_positions() == [8, 14, 18, 19]
+    # a first chunk not cached whole is still prefilled exactly, with its marker, so it can be cached
+    assert plan_stitch(20, [(4, 8), (9, 14), (15, 18)], cached=6).exact_end == 9

@@ -17,9 +17,9 @@ right after the anchor). So:
 Everything before ``exact_end`` is exact and only that part of the prompt may be inserted into the
 cache: the first reused token, or, where the exact match already covers the first chunk, the end of
 that match. The marker between a cached first chunk and the first reused run is then computed with
-the stitched tokens: prefilled exactly it would cost a whole row tile (engine.row_tiles; ~0.16 s in
-float32 on a 2-core EPYC for 5 tokens), and cached it would serve only prompts that begin with the
-same chunk.
+the stitched tokens: prefilled exactly, its few tokens would take a pass of their own through every
+layer (a whole row tile where the Linears run in tiles, engine.row_tiles), and cached it would serve
+only prompts that begin with the same chunk.
 
 Example:
     >>> plan = plan_stitch(20, [(4, 8), (9, 14)], cached=0)
@@ -127,7 +127,6 @@ def plan_stitch(
         runs.append(ReusedRun(n, first, first - start, end - first, start - placed))
     if not runs:
         return None
-    exact_end = (
-        cached if cached >= spans[0][1] else runs[0].start
-    )  # cached first chunk: its marker is computed
+    # a cached first chunk: the marker after it is computed with the stitched tokens
+    exact_end = cached if cached >= spans[0][1] else runs[0].start
     return StitchPlan(total, anchor, exact_end, tuple(runs), tuple(context))

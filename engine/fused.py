@@ -140,7 +140,7 @@ class FusedLlamaRunner:
         else:
             self.layers = [fuse_layer(layer) for layer in inner.layers]
             self.lm_head = model.lm_head.weight
-            # bfloat16: every float matmul in the native kernels' column tiles (engine.native.linear)
+            # every float matmul in the native kernels' column tiles (engine.native.linear)
             # where preferred (None), wherever they can run with True, never with False
             wanted = {None: linear_preferred, True: linear_available}.get(native_linear)
             if wanted is not None and wanted(self.dtype):

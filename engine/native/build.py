@@ -40,6 +40,7 @@ SOURCES = tuple(
         "prefill_rows.cpp",
         "prefill_attention.cpp",
         "linear_tiles.cpp",
+        "linear_tiles_f32.cpp",
     )
 )
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "team.h", "tiles.h"))

@@ -72,8 +72,8 @@ MATMULS = (2, 4, 6, 7)  # a layer row's wqkv, wo, wgu, wdown
 
 
 def _held(weight: torch.Tensor | TiledLinear, packed: bool) -> torch.Tensor:
-    if isinstance(weight, TiledLinear):  # the prefill's packed copy: held once, read by both
-        return weight.tiles
+    if isinstance(weight, TiledLinear):  # bfloat16: the prefill's packed copy, held once, read by both
+        return weight.tiles if weight.source is None else weight.source
     return pack_column_tiles(weight) if packed else weight.detach().contiguous()
 
 

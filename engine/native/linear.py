@@ -1,18 +1,21 @@
-"""A prefill's bfloat16 Linears in one native call each (``linear_tiles.cpp``, built with the decode
-step: engine.native.build), over weights packed once in tiles of 16 output columns.
+"""A prefill's Linears in one native call each (bfloat16: ``linear_tiles.cpp``, float32:
+``linear_tiles_f32.cpp``, built with the decode step: engine.native.build), over weights packed once
+in tiles of 16 output columns.
 
-Exact reuse needs a row's result to depend on that row alone. oneDNN's result depends on the call's
-shape, so the other Linears run a prefill as calibrated row tiles (engine.row_tiles): a one-token
-prefill computes a whole tile of 16 rows, and oneDNN's small tiles run at a fraction of its large
-ones' rate. The native kernel sums each output in one register lane over the inputs in order
-(``tiles.h``), whatever the rows beside it, so it needs no tiles: a prompt prefilled whole or split
-anywhere gives every row the same bits, and one new token computes one row, not a tile (how it
-compares with oneDNN's tiles: docs/benchmarks/native/README.md). Its sums run in another order than
-oneDNN's, so its results are close to those, not equal.
+Exact reuse needs a row's result to depend on that row alone. oneDNN's and MKL's results depend on
+the call's shape, so torch's Linears run a prefill as calibrated row tiles (engine.row_tiles): a
+one-token prefill computes a whole tile of 16 rows, and small tiles run at a fraction of large ones'
+rate. The native kernels sum each output in one register lane over the inputs in order (``tiles.h``;
+in float32 one chain of fused multiply-adds), whatever the rows beside it, so they need no tiles: a
+prompt prefilled whole or split anywhere gives every row the same bits, and one new token computes
+one row, not a tile (how they compare with torch's tiles: docs/benchmarks/native/README.md). Their
+sums run in another order than the libraries', so results are close to those, not equal.
 
-The decode step reads the same packed tensors (engine.native.decode), so the weights are held once.
-It can run where the native decode step's bfloat16 CPU conditions hold; a runner prefers it
-(:func:`preferred`) except on CPUs with AMX, where oneDNN multiplies in AMX tiles.
+bfloat16: the decode step reads the same packed tensors (engine.native.decode), so the weights are
+held once; it runs where the native decode step's bfloat16 CPU conditions hold, and a runner prefers
+it (:func:`preferred`) except on CPUs with AMX, where oneDNN multiplies in AMX tiles. float32: AVX2
+and FMA, or AVX-512 where the process may use it (the same bits at either width); the float32 decode
+step reads the plain weights, which the packed copy keeps alive beside it.
 
 Example:
     >>> w = TiledLinear.of(torch.randn(960, 576).bfloat16())            # doctest: +SKIP
@@ -21,6 +24,8 @@ Example:
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -47,9 +52,31 @@ def pack_column_tiles(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().reshape(n // TILE_COLUMNS, TILE_COLUMNS, k // 2, 2).transpose(1, 2).contiguous()
 
 
+def pack_float32_tiles(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 Linear weight ``[n, k]`` as the float32 kernel reads it, ``[n / 16, k, 16]``: tile ``t``,
+    input ``p`` holds columns ``16 t .. 16 t + 15``'s weights for that input side by side.
+
+    Example:
+        >>> pack_float32_tiles(torch.zeros(32, 6)).shape
+        torch.Size([2, 6, 16])
+    """
+    n, k = weight.shape
+    if n % TILE_COLUMNS:
+        raise NativeBuildError(f"the native kernels need weights of {TILE_COLUMNS}n rows, got {n} x {k}")
+    return weight.detach().reshape(n // TILE_COLUMNS, TILE_COLUMNS, k).transpose(1, 2).contiguous()
+
+
+def wide_float32() -> bool:
+    """Whether the float32 kernel runs AVX-512 here: the CPU has it and ATEN_CPU_CAPABILITY does not
+    narrow the process below it (the bits are the same either way; only the speed differs)."""
+    narrowed = os.environ.get("ATEN_CPU_CAPABILITY", "") in ("avx2", "default")
+    return "avx512f" in cpu_flags() and not narrowed
+
+
 class TiledLinear:
-    """A bfloat16 Linear weight ``[out, in]`` packed in column tiles. ``x [M, in] -> [M, out]``; row i
-    of the result depends on ``x[i]`` alone.
+    """A bfloat16 or float32 Linear weight ``[out, in]`` packed in column tiles. ``x [M, in] -> [M,
+    out]``; row i of the result depends on ``x[i]`` alone. ``source``: float32's plain weight, which
+    the float32 decode step reads (None for bfloat16, whose decode step reads the tiles).
 
     Example:
         >>> w = TiledLinear.of(torch.randn(960, 576).bfloat16())        # doctest: +SKIP
@@ -57,31 +84,38 @@ class TiledLinear:
         ((960, 576), torch.bfloat16)
     """
 
-    __slots__ = ("_module", "dtype", "shape", "tiles")
+    __slots__ = ("_module", "_wide", "dtype", "shape", "source", "tiles")
 
-    def __init__(self, tiles: torch.Tensor, shape: tuple[int, int], module: object) -> None:
+    def __init__(
+        self, tiles: torch.Tensor, shape: tuple[int, int], module: object, source: torch.Tensor | None = None
+    ) -> None:
         self.tiles = tiles
         self.shape = shape
         self.dtype = tiles.dtype
+        self.source = source
         self._module = module
+        self._wide = wide_float32()
 
     @classmethod
     def of(cls, weight: torch.Tensor) -> TiledLinear:
-        """``weight`` (bfloat16 ``[n, k]``, n a multiple of 16) packed, once per tensor; raises
-        NativeBuildError."""
-        if weight.dtype != torch.bfloat16:
-            raise NativeBuildError(f"the native Linear multiplies bfloat16, got {weight.dtype}")
+        """``weight`` (bfloat16 or float32 ``[n, k]``, n a multiple of 16) packed, once per tensor;
+        raises NativeBuildError."""
+        if weight.dtype not in (torch.bfloat16, torch.float32):
+            raise NativeBuildError(f"the native Linear multiplies bfloat16 or float32, got {weight.dtype}")
+        single = weight.dtype == torch.float32
         tiles = _tiles.get(weight)
         if tiles is None:
-            tiles = _tiles[weight] = pack_column_tiles(weight)
-        return cls(tiles, (int(weight.shape[0]), int(weight.shape[1])), native_module())
+            tiles = _tiles[weight] = (pack_float32_tiles if single else pack_column_tiles)(weight)
+        source = weight.detach() if single else None
+        return cls(tiles, (int(weight.shape[0]), int(weight.shape[1])), native_module(), source)
 
     @property
     def nbytes(self) -> int:
         return self.tiles.numel() * self.tiles.element_size()
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``bf16(x @ w.T)``, then ``+ bias`` rounded: what torch's bfloat16 Linear and bias add give."""
+        """``x @ w.T``, then ``+ bias``: in bfloat16 the sums rounded, then the bias added and rounded, as
+        torch's bfloat16 Linear and bias add."""
         return self._call(x, x.new_empty(0) if bias is None else bias, False)
 
     def sums(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,20 +123,23 @@ class TiledLinear:
         return self._call(x, x.new_empty(0), True)
 
     def _call(self, x: torch.Tensor, bias: torch.Tensor, sums: bool) -> torch.Tensor:
-        kernel = self._module.linear_tiles  # type: ignore[attr-defined]
-        out: torch.Tensor = kernel(x.contiguous(), self.tiles, bias, sums)
+        out: torch.Tensor
+        if self.dtype == torch.float32:  # the sums are the result: nothing to round
+            out = self._module.linear_tiles_f32(x.contiguous(), self.tiles, bias, self._wide)  # type: ignore[attr-defined]
+        else:
+            out = self._module.linear_tiles(x.contiguous(), self.tiles, bias, sums)  # type: ignore[attr-defined]
         return out
 
 
 def available(dtype: torch.dtype) -> bool:
     """Whether :class:`TiledLinear` can multiply for a runner computing in ``dtype`` on this machine:
-    bfloat16, where the native decode step's CPU conditions hold."""
+    bfloat16 or float32, where the native decode step's CPU conditions for that dtype hold."""
     from engine.native.decode import unavailable_reason  # decode imports this module's packing
 
-    return dtype == torch.bfloat16 and unavailable_reason(dtype, True, True) is None
+    return dtype in (torch.bfloat16, torch.float32) and unavailable_reason(dtype, True, True) is None
 
 
 def preferred(dtype: torch.dtype) -> bool:
     """Whether a runner computing in ``dtype`` multiplies with :class:`TiledLinear` by default: where
-    it is :func:`available`, except on CPUs with AMX."""
-    return "amx_bf16" not in cpu_flags() and available(dtype)
+    it is :func:`available`, except bfloat16 on CPUs with AMX (float32 has no AMX kernel to lose)."""
+    return available(dtype) and (dtype == torch.float32 or "amx_bf16" not in cpu_flags())

@@ -1,11 +1,13 @@
-"""The native tiled Linears against oneDNN's packed kernel in exact-reuse row tiles, in one process,
-alternating (medians of 5 prefills each; both runners with the native attention):
-``OMP_WAIT_POLICY=PASSIVE .venv/bin/python docs/benchmarks/native/linear_ab.py``.
+"""The native tiled Linears against torch's kernels in exact-reuse row tiles (oneDNN's packed kernel
+in bfloat16, MKL's in float32), in one process, alternating (medians of 5 prefills each; both runners
+with the same attention):
+``OMP_WAIT_POLICY=PASSIVE .venv/bin/python docs/benchmarks/native/linear_ab.py [bfloat16|float32]``.
 Figures: docs/benchmarks/native/README.md."""
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import torch
@@ -19,10 +21,11 @@ CACHED = 1152  # a warm request's cached prefix
 
 def main() -> None:
     torch.manual_seed(0)
-    model = load_model(dtype="bfloat16").model
+    dtype = sys.argv[1] if len(sys.argv) > 1 else "bfloat16"
+    model = load_model(dtype=dtype).model
     runners = {
         "native": FusedLlamaRunner(model, native_linear=True),
-        "onednn": FusedLlamaRunner(model, native_linear=False),
+        "torch": FusedLlamaRunner(model, native_linear=False),
     }
     print({name: r.linear_kernel for name, r in runners.items()}, "amx_bf16" in cpu_flags())
     ids = torch.randint(100, 40000, (CACHED + 1500,)).tolist()
@@ -41,9 +44,9 @@ def main() -> None:
         for _ in range(5):
             for name, runner in runners.items():
                 runs[name].append(prefill_ms(runner, past, tokens))
-        a, b = statistics.median(runs["native"]), statistics.median(runs["onednn"])
+        a, b = statistics.median(runs["native"]), statistics.median(runs["torch"])
         print(
-            f"{tokens} new tokens after {past} cached: native {a:.1f} ms, oneDNN tiles {b:.1f} ms ({b / a:.2f}x)"
+            f"{tokens} new tokens after {past} cached: native {a:.1f} ms, torch's tiles {b:.1f} ms ({b / a:.2f}x)"
         )
 
 

@@ -1,7 +1,9 @@
 """The native Linears (engine/native/linear.py): as close to exact products as oneDNN's bfloat16
 kernel is, every row's bits independent of the rows beside it (so a prefill needs no row tiles), the
 bias added as torch adds it, float32 logits; the bfloat16 runner uses them where the CPU has
-AVX512-BF16 and no AMX, prefills without padding, and shares their packed weights with the decode step."""
+AVX512-BF16 and no AMX, prefills without padding, and shares their packed weights with the decode step.
+float32: within a few float32 roundings of exact products, the same bits at AVX2 and AVX-512 width
+and whatever rows share the call; the float32 runner uses them wherever AVX2 and FMA run."""
 
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ from engine.isa import cpu_flags
 from engine.models import load_model
 from engine.native.build import NativeBuildError, build_key
 from engine.native.decode import NEEDED_FLAGS
-from engine.native.linear import TiledLinear, available, pack_column_tiles, preferred
+from engine.native.linear import TiledLinear, available, pack_column_tiles, pack_float32_tiles, preferred
 
 HAS_CPU = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
 needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX512-BF16: oneDNN's Linears run")
+# every CPU this project runs on has AVX2 and FMA (the float32 decode step needs them too): no skip
+HAS_AVX512 = "avx512f" in cpu_flags()
 
 
 def _weight(n: int = 960, k: int = 576, seed: int = 0) -> torch.Tensor:
@@ -83,18 +87,17 @@ def test_bad_inputs_are_a_clear_error():
         linear(_rows(2, 512))
     with pytest.raises(RuntimeError, match="bias"):
         linear(_rows(2), torch.zeros(17).bfloat16())
-    with pytest.raises(NativeBuildError, match="bfloat16"):
-        TiledLinear.of(torch.zeros(32, 8))
+    with pytest.raises(NativeBuildError, match="bfloat16 or float32"):
+        TiledLinear.of(torch.zeros(32, 8, dtype=torch.float16))
 
 
 @needs_cpu
 def test_a_runner_prefers_them_except_where_the_cpu_has_amx():
     runner = FusedLlamaRunner(load_model(dtype="bfloat16").model)
     amx = "amx_bf16" in cpu_flags()
-    assert preferred(torch.bfloat16) is not amx and not preferred(torch.float32)
+    assert preferred(torch.bfloat16) is not amx and preferred(torch.float32)
     assert runner.linear_kernel == ("onednn" if amx else f"native {build_key()}")
     assert runner.rows_exact is not amx  # the native attention and Linears: no row is padded
-    assert FusedLlamaRunner(load_model(dtype="float32").model).linear_kernel == "torch"
 
 
 @needs_cpu
@@ -136,3 +139,95 @@ def test_where_they_cannot_run_even_true_keeps_onednn(monkeypatch):
     assert not available(torch.bfloat16) and not preferred(torch.bfloat16)
     runner = FusedLlamaRunner(load_model(dtype="bfloat16").model, native_linear=True)
     assert not runner.tiled and runner.linear_kernel in ("onednn", "torch") and not runner.rows_exact
+
+
+def test_the_process_narrowed_below_avx2_keeps_torchs_float32_tiles(monkeypatch):
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert not available(torch.float32)
+    runner = FusedLlamaRunner(load_model(dtype="float32").model, native_linear=True)
+    assert not runner.tiled and runner.linear_kernel == "torch"
+
+
+# ---- float32 ---------------------------------------------------------------------------------
+
+
+def _weight32(n: int = 960, k: int = 576, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed)).div(k**0.5)
+
+
+def _rows32(m: int, k: int = 576, seed: int = 1) -> torch.Tensor:
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
+
+
+def test_float32_packing_puts_each_inputs_columns_side_by_side():
+    w = torch.arange(32 * 6, dtype=torch.float32).reshape(32, 6)
+    tiles = pack_float32_tiles(w)
+    assert tiles.shape == (2, 6, 16)
+    for t, p, c in [(0, 0, 0), (1, 5, 15), (0, 3, 7)]:
+        assert tiles[t, p, c].item() == w[16 * t + c, p].item()
+    with pytest.raises(NativeBuildError, match="16n rows"):
+        pack_float32_tiles(torch.zeros(40, 6))
+
+
+@pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (49152, 64)])
+def test_float32_products_are_within_a_few_roundings_of_exact_ones(n, k):
+    w, x = _weight32(n, k), _rows32(37, k)
+    exact = x.double() @ w.double().T
+    native = TiledLinear.of(w)(x).double()
+    # one fused multiply-add per input: each adds at most half an ulp of the running sum
+    bound = k * 2**-24 * (x.double().abs() @ w.double().abs().T)
+    assert ((native - exact).abs() <= bound).all()
+    torch_error = (F.linear(x, w).double() - exact).abs().max()
+    assert (native - exact).abs().max() < 8 * torch_error  # the same order as torch's own
+
+
+@pytest.mark.parametrize("n", [960, 3072, 576])
+def test_float32_rows_bits_never_depend_on_the_rows_beside_it_or_the_width(n):
+    k = 1536 if n == 576 else 576
+    linear, x = TiledLinear.of(_weight32(n, k)), _rows32(70, k)
+    bias = torch.randn(n)
+    whole = linear(x, bias)
+    for cuts in [(1,), (3, 4), (6, 7, 13, 25), (8, 16, 32, 48, 64)]:
+        edges = [0, *cuts, len(x)]
+        parts = [linear(x[a:b], bias) for a, b in itertools.pairwise(edges)]
+        assert torch.equal(torch.cat(parts), whole), cuts
+    assert torch.equal(linear(x[5:6], bias), whole[5:6])
+    kernel = linear._module.linear_tiles_f32
+    narrow = kernel(x, linear.tiles, bias, False)  # the AVX2 kernel
+    assert torch.equal(narrow, whole)
+    if HAS_AVX512:
+        assert torch.equal(kernel(x, linear.tiles, bias, True), whole)
+    assert torch.equal(whole, linear(x) + bias) and torch.equal(linear.sums(x), linear(x))
+
+
+def test_float32_bad_inputs_are_a_clear_error():
+    linear = TiledLinear.of(_weight32())
+    with pytest.raises(RuntimeError, match="column tiles"):
+        linear(_rows32(2, 512))
+    with pytest.raises(RuntimeError, match="bias"):
+        linear(_rows32(2), torch.zeros(17))
+    with pytest.raises(RuntimeError, match="float32"):
+        linear(_rows32(2).double())
+
+
+def test_the_float32_runner_prefills_rows_exactly_and_decodes_from_the_plain_weights():
+    loaded = load_model(dtype="float32")
+    runner = FusedLlamaRunner(loaded.model)
+    assert runner.tiled and runner.linear_kernel == f"native {build_key()}"
+    # the float32 decode step reads the plain row-major weights the tiles were packed from
+    held = {t.data_ptr() for t in runner.native.held}
+    assert runner.layers[0].wqkv.source.data_ptr() in held
+    ids = loaded.tokenizer("The capital of France is Paris. The capital of Italy is")["input_ids"]
+    whole = runner.new_buffer(len(ids) + 1)
+    logits = runner.prefill(ids, whole)
+    split = runner.new_buffer(len(ids) + 1)
+    for a, b in [(0, 1), (1, 5), (5, len(ids) - 1), (len(ids) - 1, len(ids))]:
+        last = runner.prefill(ids[a:b], split)
+    assert torch.equal(last, logits)
+    n = len(ids)
+    for a, b in zip(whole.stores(), split.stores()):
+        assert torch.equal(a[:, :, :, :n], b[:, :, :, :n])
+    plain = FusedLlamaRunner(loaded.model, native_linear=False)
+    reference = plain.prefill(ids, plain.new_buffer(len(ids) + 1))
+    assert int(logits.argmax()) == int(reference.argmax())
+    assert F.cosine_similarity(logits, reference, dim=0) > 0.99999

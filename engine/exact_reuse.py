@@ -177,6 +177,7 @@ def survey(model: str | None = None) -> dict[str, Any]:
             out["runners"][name] = {
                 **verdict.to_dict(),
                 "linear_tiles": menus,
+                "linear_kernel": getattr(runner, "linear_kernel", None),
                 "attention_tiles": list(attention) if attention else None,
             }
     return out

@@ -39,6 +39,8 @@ def exactness_markdown(res: dict[str, Any]) -> str:
         extra = f"; torch {path.get('torch_capability')}, int8 backend {path.get('int8_backend') or 'none (refused)'}"
         for name, runner in path["runners"].items():
             tiles = "; ".join(f"{shape}: {sizes}" for shape, sizes in runner.get("linear_tiles", {}).items())
+            if not tiles and str(runner.get("linear_kernel")).startswith("native"):
+                tiles = "none: native Linears, each row alone"
             lines.append(
                 f"| {label}{extra} | {name} | {_verdict(runner['exact_reuse'])} | {tiles or 'per Linear'} "
                 f"| {runner.get('attention_tiles') or '-'} |"

@@ -18,8 +18,11 @@ def test_the_section_measures_and_renders(loaded_model):
     assert native["name"] == "native" and "error" not in native, native
     fused = native["runners"]["fused float32"]
     # the child process reached the same verdict as this one, on the same code path
-    assert fused["exact_reuse"] == check_exact_reuse(FusedLlamaRunner(loaded_model.model)).exact
-    assert fused["linear_tiles"] and 16 in fused["attention_tiles"]
+    runner = FusedLlamaRunner(loaded_model.model)
+    assert fused["exact_reuse"] == check_exact_reuse(runner).exact
+    # torch's Linears run calibrated row tiles; the native ones (any CPU with AVX2 and FMA) need none
+    assert bool(fused["linear_tiles"]) is not runner.tiled and fused["linear_kernel"] == runner.linear_kernel
+    assert 16 in fused["attention_tiles"]
     assert native["int8_backend"] == int8_backend()
     not_run = bfloat16_not_run()  # bfloat16's cost is measured where the CPU multiplies it natively
     assert set(sec["cost"]) == ({"float32"} if not_run else {"float32", "bfloat16"})
@@ -31,3 +34,4 @@ def test_the_section_measures_and_renders(loaded_model):
     text = exactness_markdown({"exactness_section": sec})
     assert not not_run or f"bfloat16: {not_run}." in text
     assert text.startswith(TITLE) and "| native" in text and "exact tiles" in text and "fbgemm" in text
+    assert not runner.tiled or "none: native Linears, each row alone" in text

@@ -419,7 +419,8 @@ class FusedLlamaRunner:
         rows = round_up(batch, TILE) if self.batch_invariant else batch
         x = self.embed_ids(token_ids, rows)  # [B', hidden]
         positions = torch.tensor(pasts + [0] * (x.shape[0] - batch), device=self.device)
-        x = self.run_layers(x, positions, DecodeAttention(buffers, self.batch_invariant, self.scale))
+        attention = DecodeAttention(buffers, self.batch_invariant, self.scale, self.attention)
+        x = self.run_layers(x, positions, attention)
         for b, p in zip(buffers, pasts):
             b.set_length(p + 1)
         return list(self._logits(x)[:batch])

@@ -104,7 +104,7 @@ class PrefillAttention:
         buffer.reserve(self.keys_end)
         self.k_store, self.v_store = buffer.stores()
         # the native kernel reads each row's own keys only: no padding, masks or tiles
-        self.native = native if native is not None and self.k_store.dtype == torch.bfloat16 else None
+        self.native = native if native is not None and self.k_store.dtype == native.dtype else None
         if self.native is not None:
             self.positions = torch.arange(past, past + tokens)
             self.calls: list[_Call] = []
@@ -157,7 +157,7 @@ class PositionsAttention:
         # which keys each row sees: SDPA's mask, and what the chunk selection's attention mass reads
         self.mask = torch.arange(self.total, device=positions.device)[None, :] <= positions[:, None]
         self.k_store, self.v_store = buffer.stores()
-        self.native = native if native is not None and self.k_store.dtype == torch.bfloat16 else None
+        self.native = native if native is not None and self.k_store.dtype == native.dtype else None
         self.native_positions = positions.to(torch.long).contiguous()
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -179,11 +179,16 @@ class DecodeAttention:
 
     ``exact``: each row attends as one query tile of a prefill (padded to ``QUERY_ROWS`` rows, over
     its buffer's keys rounded up to a full key block, masked), so its result and KV never depend on
-    the batch; else one query over exactly its keys (the fastest call).
+    the batch; else one query over exactly its keys (the fastest call). With ``native`` (the prefill's
+    native kernel, engine.native.attention) an exact row attends as a prefill's row does there: over
+    its own keys, in that kernel, so its KV equals a prefill's.
     """
 
-    def __init__(self, buffers: Sequence[KVBuffer], exact: bool, scale: float) -> None:
+    def __init__(
+        self, buffers: Sequence[KVBuffer], exact: bool, scale: float, native: NativeAttention | None = None
+    ) -> None:
         self.scale, self.exact = scale, exact
+        self.native = native if exact else None
         self.pasts = [b.length for b in buffers]
         self.ends = [aligned_keys(p + 1) if exact else p + 1 for p in self.pasts]  # keys each row reads
         for b, p, end in zip(buffers, self.pasts, self.ends):
@@ -205,6 +210,10 @@ class DecodeAttention:
         outs = []
         rows = QUERY_ROWS if self.exact else 1
         for j, (k_store, v_store) in enumerate(self.stores):
+            if self.native is not None and k_store.dtype == self.native.dtype:
+                at = torch.tensor([self.pasts[j]])
+                outs.append(self.native(q[j : j + 1], k_store[layer], v_store[layer], at, self.scale))
+                continue
             end = self.ends[j]
             keys, values = k_store[layer, :, :end].unsqueeze(0), v_store[layer, :, :end].unsqueeze(0)
             qj = pad_rows(q[j : j + 1], rows)  # [rows, H, D]

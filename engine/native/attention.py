@@ -1,20 +1,21 @@
-"""A prefill's causal attention in one native call per layer (``prefill_attention.cpp``, built with
-the decode step: engine.native.build).
+"""A prefill's causal attention in one native call per layer (``prefill_attention.cpp`` in bfloat16,
+``prefill_attention_f32.cpp`` in float32, built with the decode step: engine.native.build).
 
 torch's attention kernel rounds a query's result differently with the call's shape, so exact reuse
 runs it over whole 512-key blocks under an explicit mask (engine.prefill_shapes): a 1,500-token
-prompt computes every score of its 1,500 x 1,536 square, masked half included. The native kernel
-walks each query row's keys in 64-key blocks at fixed absolute positions, up to its own position
-only, with AVX512-BF16 dot products and a float32 online softmax. A row's result depends on its
-query, its position and the keys and values at positions up to it alone, so a prompt computed whole
-or split anywhere, with any thread count, gives every row the same bits, and it reads half the
-scores. Its sums run in another order than torch's, so its results are close to SDPA's, not equal
-(tests/engine/native/test_attention.py measures both).
+prompt computes every score of its 1,500 x 1,536 square, masked half included. The native kernels
+walk each query row's keys in 64-key blocks at fixed absolute positions, up to its own position
+only, with a float32 online softmax (bfloat16: AVX512-BF16 dot products; float32: AVX2 fused
+multiply-adds). A row's result depends on its query, its position and the keys and values at
+positions up to it alone, so a prompt computed whole or split anywhere, with any thread count, gives
+every row the same bits, and it reads half the scores. Their sums run in another order than torch's,
+so results are close to SDPA's, not equal (tests/engine/native/test_attention.py measures both).
 
-It can run where the native decode step's bfloat16 CPU conditions hold and the compute dtype and
-the KV store are bfloat16 (:meth:`NativeAttention.of` returns None elsewhere). A runner prefers it
-(:func:`preferred`) except on CPUs with AMX, where torch's kernel multiplies in AMX tiles and the
-two were not measured against each other: there torch's kernel runs.
+bfloat16 runs where the native decode step's bfloat16 CPU conditions hold and the KV store is
+bfloat16; a runner prefers it (:func:`preferred`) except on CPUs with AMX, where torch's kernel
+multiplies in AMX tiles and the two were not measured against each other: there torch's kernel runs.
+float32 runs wherever AVX2 and FMA do, over a float32 KV store, and a runner always prefers it.
+(:meth:`NativeAttention.of` returns None where a kernel cannot run.)
 
 Example:
     >>> attn = NativeAttention.of(torch.bfloat16, head_dim=64)             # doctest: +SKIP
@@ -46,18 +47,20 @@ class NativeAttention:
         torch.Size([T, H * D])
     """
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: Any, dtype: torch.dtype = torch.bfloat16) -> None:
         self._module = module
+        self.dtype = dtype  # of the queries and the KV store it reads
+        self._kernel = module.attend_rows if dtype == torch.bfloat16 else module.attend_rows_f32
 
     @classmethod
     def of(cls, dtype: torch.dtype, head_dim: int) -> NativeAttention | None:
         """The kernel for ``dtype`` and ``head_dim`` on this machine, or None where it cannot run."""
-        if dtype != torch.bfloat16 or head_dim not in HEAD_DIMS:
+        if dtype not in (torch.bfloat16, torch.float32) or head_dim not in HEAD_DIMS:
             return None
         if unavailable_reason(dtype, True, True) is not None:
             return None
         try:
-            return cls(native_module())
+            return cls(native_module(), dtype)
         except NativeBuildError as exc:
             log.warning("prefill attention runs torch's kernel: %s", exc)
             return None
@@ -72,12 +75,13 @@ class NativeAttention:
     ) -> torch.Tensor:
         """``q [T, H, D]`` (row i at ``positions[i]``) over ``keys``/``values`` ``[KVH, capacity, D]``
         up to each row's position -> ``[T, H * D]``."""
-        out: torch.Tensor = self._module.attend_rows(q.contiguous(), keys, values, positions, scale)
+        out: torch.Tensor = self._kernel(q.contiguous(), keys, values, positions, scale)
         return out
 
 
 def preferred(dtype: torch.dtype, head_dim: int) -> NativeAttention | None:
-    """The kernel a runner uses by default: :meth:`NativeAttention.of`, except on CPUs with AMX."""
-    if "amx_bf16" in cpu_flags():
+    """The kernel a runner uses by default: :meth:`NativeAttention.of`, except bfloat16 on CPUs with
+    AMX (float32 has no AMX kernel to lose)."""
+    if dtype == torch.bfloat16 and "amx_bf16" in cpu_flags():
         return None
     return NativeAttention.of(dtype, head_dim)

@@ -41,9 +41,10 @@ SOURCES = tuple(
         "prefill_attention.cpp",
         "linear_tiles.cpp",
         "linear_tiles_f32.cpp",
+        "prefill_attention_f32.cpp",
     )
 )
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "team.h", "tiles.h"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "f32.h", "team.h", "tiles.h"))
 FOLDER = Path(__file__).parent
 CFLAGS = [
     "-O3",

@@ -1,7 +1,8 @@
-"""A prefill's native attention (engine/native/attention.py): as close to exact attention as torch's
-bfloat16 kernel is, every row's bits independent of the split, its batch mates and the thread count,
-keys past the last row never read; the bfloat16 runner uses it where the CPU has AVX512-BF16 and no
-AMX, and a prompt's answer matches the one torch's kernel gives."""
+"""A prefill's native attention (engine/native/attention.py), in bfloat16 and float32: as close to
+exact attention as torch's kernel in that dtype is, every row's bits independent of the split, its
+batch mates and the thread count, keys past the last row never read; the bfloat16 runner uses it
+where the CPU has AVX512-BF16 and no AMX, the float32 runner wherever AVX2 and FMA run (every CPU
+this project runs on: no skip), and a prompt's answer matches the one torch's kernel gives."""
 
 from __future__ import annotations
 
@@ -23,19 +24,27 @@ needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX512-BF16: t
 HEADS, KV_HEADS, DIM, SCALE = 9, 3, 64, 0.125
 
 
-@pytest.fixture(scope="module")
-def attention() -> NativeAttention:
-    native = NativeAttention.of(torch.bfloat16, DIM)
+DTYPES = [
+    pytest.param(torch.bfloat16, marks=needs_cpu, id="bfloat16"),
+    pytest.param(torch.float32, id="float32"),
+]
+
+
+@pytest.fixture(scope="module", params=DTYPES)
+def attention(request) -> NativeAttention:
+    native = NativeAttention.of(request.param, DIM)
     assert native is not None
     return native
 
 
-def _inputs(tokens: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _inputs(
+    tokens: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(tokens, HEADS, DIM, generator=gen).mul(2).bfloat16()
+    q = torch.randn(tokens, HEADS, DIM, generator=gen).mul(2).to(dtype)
     capacity = tokens + 40
-    k = torch.randn(KV_HEADS, capacity, DIM, generator=gen).mul(2).bfloat16()
-    v = torch.randn(KV_HEADS, capacity, DIM, generator=gen).bfloat16()
+    k = torch.randn(KV_HEADS, capacity, DIM, generator=gen).mul(2).to(dtype)
+    v = torch.randn(KV_HEADS, capacity, DIM, generator=gen).to(dtype)
     k[:, tokens:] = float("nan")  # past the last row: never read
     v[:, tokens:] = float("nan")
     return q, k, v
@@ -55,7 +64,9 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype)
 
 
 @needs_cpu
-def test_as_close_to_exact_attention_as_torchs_bfloat16_kernel(attention):
+def test_as_close_to_exact_attention_as_torchs_bfloat16_kernel():
+    attention = NativeAttention.of(torch.bfloat16, DIM)
+    assert attention is not None
     q, k, v = _inputs(700)
     exact = _sdpa(q, k, v, torch.float32)
     native = attention(q, k, v, torch.arange(700), SCALE).float()
@@ -66,10 +77,22 @@ def test_as_close_to_exact_attention_as_torchs_bfloat16_kernel(attention):
     assert native_err.max() <= 2 * torch_err.max()
 
 
-@needs_cpu
+def test_float32_is_as_close_to_exact_attention_as_torchs_float32_kernel():
+    attention = NativeAttention.of(torch.float32, DIM)
+    assert attention is not None
+    q, k, v = _inputs(700, dtype=torch.float32)
+    exact = _sdpa(q.double(), k.double(), v.double(), torch.float64)
+    native = attention(q, k, v, torch.arange(700), SCALE).double()
+    torch_f32 = _sdpa(q, k, v, torch.float32).double()
+    assert torch.isfinite(native).all()
+    native_err, torch_err = (native - exact).abs(), (torch_f32 - exact).abs()
+    assert native_err.mean() <= 2 * torch_err.mean()
+    assert native_err.max() <= 4 * torch_err.max()
+
+
 @pytest.mark.parametrize("cuts", [(1,), (37, 520), (16, 32, 529), (529,)])
 def test_a_prompt_split_anywhere_gives_every_row_the_same_bits(attention, cuts):
-    q, k, v = _inputs(530)
+    q, k, v = _inputs(530, dtype=attention.dtype)
     positions = torch.arange(530)
     whole = attention(q, k, v, positions, SCALE)
     bounds = [0, *cuts, 530]
@@ -77,9 +100,8 @@ def test_a_prompt_split_anywhere_gives_every_row_the_same_bits(attention, cuts):
     assert torch.equal(torch.cat(parts), whole)
 
 
-@needs_cpu
 def test_rows_at_explicit_positions_equal_each_row_alone(attention):
-    q, k, v = _inputs(400, seed=1)
+    q, k, v = _inputs(400, seed=1, dtype=attention.dtype)
     positions = torch.tensor([3, 17, 18, 64, 250, 251, 399])  # a stitched prefill's recomputed rows
     rows = attention(q[: len(positions)], k, v, positions, SCALE)
     for i, p in enumerate(positions.tolist()):
@@ -89,9 +111,8 @@ def test_rows_at_explicit_positions_equal_each_row_alone(attention):
     assert torch.allclose(attention(q[:1], k, v, torch.tensor([399]), SCALE)[0].float(), exact, atol=0.02)
 
 
-@needs_cpu
 def test_the_thread_count_never_changes_a_result(attention):
-    q, k, v = _inputs(300, seed=2)
+    q, k, v = _inputs(300, seed=2, dtype=attention.dtype)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -101,18 +122,17 @@ def test_the_thread_count_never_changes_a_result(attention):
     assert torch.equal(one, attention(q, k, v, torch.arange(300), SCALE))
 
 
-@needs_cpu
 def test_bad_positions_are_a_clear_error(attention):
-    q, k, v = _inputs(8)
+    q, k, v = _inputs(8, dtype=attention.dtype)
     with pytest.raises(RuntimeError, match="ascending"):
         attention(q[:2], k, v, torch.tensor([5, 4]), SCALE)
     with pytest.raises(RuntimeError, match="capacity"):
         attention(q[:1], k, v, torch.tensor([k.shape[1]]), SCALE)
 
 
-def test_runs_only_for_bfloat16_at_the_head_dims_it_is_compiled_for():
-    assert NativeAttention.of(torch.float32, DIM) is None
-    assert NativeAttention.of(torch.bfloat16, 96) is None
+def test_runs_only_for_bfloat16_and_float32_at_the_head_dims_it_is_compiled_for():
+    assert NativeAttention.of(torch.float16, DIM) is None
+    assert NativeAttention.of(torch.bfloat16, 96) is None and NativeAttention.of(torch.float32, 96) is None
 
 
 @needs_cpu
@@ -135,4 +155,17 @@ def test_the_bfloat16_runner_answers_as_with_torchs_kernel():
         last.append(runner.prefill(ids, runner.new_buffer(len(ids) + 8)))
     assert int(last[0].argmax()) == int(last[1].argmax())
     assert F.cosine_similarity(last[0], last[1], dim=0) > 0.999
-    assert FusedLlamaRunner(load_model(dtype="float32").model).attention_kernel == "torch"
+
+
+def test_the_float32_runner_prefers_it_and_answers_as_with_torchs_kernel():
+    loaded = load_model(dtype="float32")
+    native = FusedLlamaRunner(loaded.model)
+    plain = FusedLlamaRunner(loaded.model, native_attention=False)
+    assert native.attention_kernel == f"native {build_key()}" and plain.attention_kernel == "torch"
+    assert native.rows_exact and not plain.rows_exact  # with the native Linears: no row is padded
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    text = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = loaded.tokenizer(text)["input_ids"]
+    last = [runner.prefill(ids, runner.new_buffer(len(ids) + 8)) for runner in (native, plain)]
+    assert int(last[0].argmax()) == int(last[1].argmax())
+    assert F.cosine_similarity(last[0], last[1], dim=0) > 0.99999

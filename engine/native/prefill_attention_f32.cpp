@@ -1,0 +1,161 @@
+// A prefill's causal attention in float32 (AVX2 + FMA): every query row over the keys up to its own
+// position, skipping the keys it cannot see.
+//
+// Invariants (engine/native/attention.py states them for Python):
+//  * a row's result depends on its query, its position and the keys/values at positions <= it alone:
+//    the keys are walked in blocks of KEYS at fixed absolute positions, in ascending order, with one
+//    online-softmax update per block; a score is one chain of fused multiply-adds over the head's
+//    dimensions in order, and a row's values are added key by key in ascending order, its own keys
+//    only (in the block holding its position, keys past it are masked out of the scores and never
+//    multiplied in). So a prompt computed whole or in any split, with any thread count, gives every
+//    row the same bits;
+//  * keys past the last row's position are never read (the buffer may hold anything there).
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include "f32.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using namespace prefixrag;
+
+constexpr int64_t KEYS = 64;       // keys per block: eight score vectors, one online-softmax update
+constexpr int NV = KEYS / 8;       // score vectors per block
+
+// One kv head's keys of blocks [b0, b1) transposed to kt[block][dim][key], zero past `keys`: a block's
+// scores are then eight vectors of eight keys, each summed over the dimensions with one broadcast query
+// element per step. Pure data movement.
+void transpose_keys(const float* k, int64_t d, int64_t keys, float* kt, int64_t b0, int64_t b1) {
+  for (int64_t b = b0; b < b1; ++b) {
+    float* dst = kt + b * d * KEYS;
+    for (int64_t j = 0; j < KEYS; ++j) {
+      const int64_t key = b * KEYS + j;
+      if (key < keys)
+        for (int64_t c = 0; c < d; ++c) dst[c * KEYS + j] = k[key * d + c];
+      else
+        for (int64_t c = 0; c < d; ++c) dst[c * KEYS + j] = 0.f;
+    }
+  }
+}
+
+// One query row (position pos) of one head over its keys; D = head dim.
+template <int D>
+AVX2 void attend_row(const float* q, int64_t pos, const float* kt, const float* v, float scale, float* out) {
+  constexpr int VEC = D / 8;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  __m256 o[VEC];
+  for (int c = 0; c < VEC; ++c) o[c] = _mm256_setzero_ps();
+  float m = neg_inf, l = 0.f;
+  alignas(32) float e[KEYS];
+  const __m256 sc = _mm256_set1_ps(scale);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const int64_t last = pos / KEYS;
+  for (int64_t b = 0; b <= last; ++b) {
+    const float* kb = kt + b * D * KEYS;
+    __m256 s[NV];
+    for (int h = 0; h < NV; ++h) s[h] = _mm256_setzero_ps();
+    for (int d = 0; d < D; ++d) {
+      const __m256 qd = _mm256_broadcast_ss(q + d);
+      for (int h = 0; h < NV; ++h) s[h] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kb + d * KEYS + 8 * h), s[h]);
+    }
+    // keys of this block the row sees: all of them but in the block holding its position
+    const int count = int(std::min<int64_t>(KEYS, pos - b * KEYS + 1));
+    const __m256i seen_n = _mm256_set1_epi32(count);
+    __m256 mx = _mm256_set1_ps(neg_inf);
+    for (int h = 0; h < NV; ++h) {
+      const __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(seen_n, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * h))));
+      s[h] = _mm256_blendv_ps(_mm256_set1_ps(neg_inf), _mm256_mul_ps(s[h], sc), seen);
+      mx = _mm256_max_ps(mx, s[h]);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float top = std::max(m, _mm_cvtss_f32(m4));
+    const __m256 t = _mm256_set1_ps(top);
+    __m256 sum = _mm256_setzero_ps();
+    for (int h = 0; h < NV; ++h) {  // exp8 clamps -inf to e^-87: the masked lanes are zeroed after it
+      const __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(seen_n, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * h))));
+      const __m256 x = _mm256_and_ps(exp8(_mm256_sub_ps(s[h], t)), seen);
+      sum = _mm256_add_ps(sum, x);
+      _mm256_store_ps(e + 8 * h, x);
+    }
+    if (top != m) {  // a new maximum: rescale what is summed so far (exp(-inf) = 0 at first)
+      const float shrink = std::exp(m - top);
+      l *= shrink;
+      const __m256 f = _mm256_set1_ps(shrink);
+      for (int c = 0; c < VEC; ++c) o[c] = _mm256_mul_ps(o[c], f);
+      m = top;
+    }
+    l += hsum(sum);
+    const float* vb = v + b * KEYS * D;
+    for (int j = 0; j < count; ++j) {  // the row's own keys, ascending
+      const __m256 w = _mm256_set1_ps(e[j]);
+      for (int c = 0; c < VEC; ++c) o[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vb + j * D + 8 * c), o[c]);
+    }
+  }
+  const __m256 inv = _mm256_set1_ps(1.f / l);
+  for (int c = 0; c < VEC; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(o[c], inv));
+}
+
+using RowFn = void (*)(const float*, int64_t, const float*, const float*, float, float*);
+
+// q [T, H, D], k/v [KVH, capacity, D] (one layer), positions [T] ascending -> [T, H * D]
+torch::Tensor attend_rows_f32(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& positions, double scale) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && q.dim() == 3 && q.is_contiguous(), "q must be contiguous [T, H, D] float32");
+  const int64_t t = q.size(0), heads = q.size(1), d = q.size(2);
+  TORCH_CHECK(d == 64 || d == 128, "head_dim must be 64 or 128, got ", d);
+  for (const auto* kv : {&k, &v})
+    TORCH_CHECK(kv->scalar_type() == torch::kFloat32 && kv->dim() == 3 && kv->size(2) == d && kv->stride(2) == 1 &&
+                    kv->stride(1) == d,
+                "k/v must be [KVH, capacity, D] float32 with contiguous rows");
+  const int64_t kv_heads = k.size(0), group = heads / kv_heads;
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0 && v.size(0) == kv_heads, "heads must be a multiple of kv_heads");
+  TORCH_CHECK(positions.scalar_type() == torch::kLong && positions.dim() == 1 && positions.numel() == t &&
+                  positions.is_contiguous(),
+              "positions must be contiguous [T] int64");
+  TORCH_CHECK(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), "float32 attention needs AVX2 and FMA");
+  auto out = torch::empty({t, heads * d}, q.options());
+  if (t == 0) return out;
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t; ++i)
+    TORCH_CHECK(pos[i] >= 0 && (i == 0 || pos[i] > pos[i - 1]), "positions must be ascending and >= 0");
+  const int64_t keys = pos[t - 1] + 1;
+  TORCH_CHECK(keys <= k.size(1) && keys <= v.size(1), "positions reach past the KV buffer's capacity");
+  const int64_t blocks = (keys + KEYS - 1) / KEYS, block_floats = KEYS * d;
+  std::vector<float> kt(size_t(kv_heads * blocks * block_floats));
+  const float* ks = k.data_ptr<float>();
+  const float* vs = v.data_ptr<float>();
+  at::parallel_for(0, kv_heads * blocks, 1, [&](int64_t a, int64_t e) {
+    while (a < e) {
+      const int64_t g = a / blocks, b0 = a % blocks, b1 = std::min(blocks, b0 + (e - a));
+      transpose_keys(ks + g * k.stride(0), d, keys, kt.data() + g * blocks * block_floats, b0, b1);
+      a += b1 - b0;
+    }
+  });
+  const RowFn row = d == 64 ? attend_row<64> : attend_row<128>;
+  const float* qs = q.data_ptr<float>();
+  float* os = out.data_ptr<float>();
+  // items in zigzag row order (first, last, second, ...): contiguous thread ranges get equal work
+  at::parallel_for(0, t * heads, 1, [&](int64_t a, int64_t b) {
+    for (int64_t item = a; item < b; ++item) {
+      const int64_t z = item / heads, h = item % heads;
+      const int64_t i = z % 2 == 0 ? z / 2 : t - 1 - z / 2;
+      const int64_t g = h / group;
+      row(qs + (i * heads + h) * d, pos[i], kt.data() + g * blocks * block_floats, vs + g * v.stride(0), float(scale),
+          os + i * heads * d + h * d);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+void bind_prefill_attention_f32(pybind11::module_& mod) {
+  mod.def("attend_rows_f32", &attend_rows_f32, pybind11::call_guard<pybind11::gil_scoped_release>());
+}

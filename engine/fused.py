@@ -17,7 +17,8 @@ Same interface as :class:`engine.runner.ModelRunner`, built from the HF model's 
 Supported: llama / mistral (no sliding window) / qwen2 style layers (RMSNorm, RoPE via the model's own
 rotary module, SiLU-gated MLP, optional q/k/v and o_proj biases). Anything else uses the generic
 ModelRunner. Prefill runs engine.prefill_shapes' shapes (float matmuls and attention as calibrated row
-tiles, engine.row_tiles), so reusing cached KV is exact.
+tiles, engine.row_tiles), or the native kernels whose rows are exact at any count (engine.native:
+float32 on CPUs with AVX2 and FMA, bfloat16 on AVX512-BF16 without AMX), so reusing cached KV is exact.
 """
 
 from __future__ import annotations

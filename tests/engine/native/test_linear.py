@@ -100,6 +100,21 @@ def test_a_runner_prefers_them_except_where_the_cpu_has_amx():
     assert runner.rows_exact is not amx  # the native attention and Linears: no row is padded
 
 
+def _prefilled_whole_and_split_alike(runner: FusedLlamaRunner, tokenizer) -> tuple[list[int], torch.Tensor]:
+    """A prompt prefilled whole and in four calls: the same float32 logits and every layer's K/V bits."""
+    ids = tokenizer("The capital of France is Paris. The capital of Italy is")["input_ids"]
+    whole = runner.new_buffer(len(ids) + 1)
+    logits = runner.prefill(ids, whole)
+    split = runner.new_buffer(len(ids) + 1)
+    for a, b in [(0, 1), (1, 5), (5, len(ids) - 1), (len(ids) - 1, len(ids))]:
+        last = runner.prefill(ids[a:b], split)
+    assert torch.equal(last, logits) and logits.dtype == torch.float32
+    n = len(ids)
+    for a, b in zip(whole.stores(), split.stores()):
+        assert torch.equal(a[:, :, :, :n], b[:, :, :, :n])
+    return ids, logits
+
+
 @needs_cpu
 def test_the_runner_prefills_unpadded_rows_exactly_and_shares_the_packed_weights():
     loaded = load_model(dtype="bfloat16")
@@ -108,18 +123,7 @@ def test_the_runner_prefills_unpadded_rows_exactly_and_shares_the_packed_weights
     # the decode step reads the prefill's tiles: the weights are held once
     held = {t.data_ptr() for t in runner.native.held}
     assert runner.layers[0].wqkv.tiles.data_ptr() in held and runner.lm_head.tiles.data_ptr() in held
-    ids = loaded.tokenizer("The capital of France is Paris. The capital of Italy is")["input_ids"]
-    whole = runner.new_buffer(len(ids) + 1)
-    logits = runner.prefill(ids, whole)
-    split = runner.new_buffer(len(ids) + 1)
-    for a, b in [(0, 1), (1, 5), (5, len(ids) - 1), (len(ids) - 1, len(ids))]:
-        last = runner.prefill(ids[a:b], split)
-    assert torch.equal(last, logits) and logits.dtype == torch.float32
-    k_whole, v_whole = whole.stores()
-    k_split, v_split = split.stores()
-    n = len(ids)
-    assert torch.equal(k_whole[:, :, :, :n], k_split[:, :, :, :n])
-    assert torch.equal(v_whole[:, :, :, :n], v_split[:, :, :, :n])
+    ids, logits = _prefilled_whole_and_split_alike(runner, loaded.tokenizer)
     plain = FusedLlamaRunner(loaded.model, native_linear=False)
     reference = plain.prefill(ids, plain.new_buffer(len(ids) + 1))
     assert int(logits.argmax()) == int(reference.argmax())
@@ -217,16 +221,7 @@ def test_the_float32_runner_prefills_rows_exactly_and_decodes_from_the_plain_wei
     # the float32 decode step reads the plain row-major weights the tiles were packed from
     held = {t.data_ptr() for t in runner.native.held}
     assert runner.layers[0].wqkv.source.data_ptr() in held
-    ids = loaded.tokenizer("The capital of France is Paris. The capital of Italy is")["input_ids"]
-    whole = runner.new_buffer(len(ids) + 1)
-    logits = runner.prefill(ids, whole)
-    split = runner.new_buffer(len(ids) + 1)
-    for a, b in [(0, 1), (1, 5), (5, len(ids) - 1), (len(ids) - 1, len(ids))]:
-        last = runner.prefill(ids[a:b], split)
-    assert torch.equal(last, logits)
-    n = len(ids)
-    for a, b in zip(whole.stores(), split.stores()):
-        assert torch.equal(a[:, :, :, :n], b[:, :, :, :n])
+    ids, logits = _prefilled_whole_and_split_alike(runner, loaded.tokenizer)
     plain = FusedLlamaRunner(loaded.model, native_linear=False)
     reference = plain.prefill(ids, plain.new_buffer(len(ids) + 1))
     assert int(logits.argmax()) == int(reference.argmax())

@@ -44,8 +44,8 @@ SOURCES = tuple(
         "prefill_attention_f32.cpp",
     )
 )
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "f32.h", "team.h", "tiles.h"))
 FOLDER = Path(__file__).parent
+HEADERS = tuple(sorted(FOLDER.glob("*.h")))
 CFLAGS = [
     "-O3",
     "-fno-math-errno",

@@ -16,8 +16,9 @@ it guarantees beyond that: a row's result depends on its own token and KV alone,
 mates or the thread count.
 
 In float32 (``decode_step_f32.cpp``, AVX2 and FMA: what ``dtype="auto"`` computes in on CPUs
-without bfloat16 matmuls, such as AMD EPYC Zen 3) the same layers run unrounded, with the same
-guarantees. It runs where the CPU has the instructions of the compute dtype's step (:data:`STEPS`),
+without bfloat16 matmuls, such as AMD EPYC Zen 2/3) the same layers run unrounded, with the same
+guarantees, over the float32 prefill's packed tiles (one copy of the weights; a row's Linear sums
+are the prefill's bits). It runs where the CPU has the instructions of the compute dtype's step (:data:`STEPS`),
 the weights are float, the KV format stores the compute dtype and decode is not
 ``batch_invariant`` (which runs a prefill's shapes instead); elsewhere :func:`unavailable_reason`
 says why and the Python loop runs.
@@ -39,7 +40,7 @@ from engine.isa import cpu_flags
 from engine.kv.state import KVBuffer
 from engine.llama_weights import LlamaLayer
 from engine.native.build import NativeBuildError, native_module
-from engine.native.linear import TiledLinear, pack_column_tiles
+from engine.native.linear import TiledLinear, pack_column_tiles, pack_float32_tiles, wide_float32
 
 NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")
 NARROW_CAPABILITIES = ("default", "avx2")  # ATEN_CPU_CAPABILITY values that emulate a CPU without AVX-512
@@ -71,14 +72,16 @@ def unavailable_reason(dtype: torch.dtype, float_weights: bool, kv_identity: boo
 MATMULS = (2, 4, 6, 7)  # a layer row's wqkv, wo, wgu, wdown
 
 
-def _held(weight: torch.Tensor | TiledLinear, packed: bool) -> torch.Tensor:
-    if isinstance(weight, TiledLinear):  # bfloat16: the prefill's packed copy, held once, read by both
-        return weight.tiles if weight.source is None else weight.source
-    return pack_column_tiles(weight) if packed else weight.detach().contiguous()
+def _held(weight: torch.Tensor | TiledLinear, matmul: bool) -> torch.Tensor:
+    if isinstance(weight, TiledLinear):  # the prefill's packed copy, held once, read by both
+        return weight.tiles
+    if not matmul:
+        return weight.detach().contiguous()
+    return (pack_float32_tiles if weight.dtype == torch.float32 else pack_column_tiles)(weight)
 
 
 class NativeDecode:
-    """The native decode step over one model's weights (plain bfloat16 tensors, held, not copied)."""
+    """The native decode step over one model's weights (the packed tiles a prefill reads, held, not copied)."""
 
     def __init__(self, model: Any, held: list[torch.Tensor]) -> None:
         self._model = model
@@ -100,7 +103,6 @@ class NativeDecode:
         if dtype not in STEPS:
             raise NativeBuildError(f"no native step computes in {dtype}")
         empty = torch.empty(0, dtype=dtype)
-        packed = dtype == torch.bfloat16  # the float32 step reads plain row-major weights
         tensors = []
         for layer in layers:
             row = [layer.in_norm, layer.post_norm, layer.wqkv, layer.bqkv, layer.wo, layer.bo]
@@ -108,16 +110,17 @@ class NativeDecode:
             plain = [empty if t is None else t for t in row]
             if not all(isinstance(t, (torch.Tensor, TiledLinear)) for t in plain):
                 raise NativeBuildError("the native step needs float weights")
-            tensors.append([_held(t, packed and i in MATMULS) for i, t in enumerate(plain)])  # type: ignore[arg-type]
+            tensors.append([_held(t, i in MATMULS) for i, t in enumerate(plain)])  # type: ignore[arg-type]
         if not isinstance(lm_head, (torch.Tensor, TiledLinear)):
             raise NativeBuildError("the native step needs a float lm_head")
-        lm_head = _held(lm_head, packed)
+        lm_head = _held(lm_head, True)
         heads, kv_heads, head_dim = geometry
         module = native_module()
+        width = (wide_float32(),) if dtype == torch.float32 else ()  # the same bits at either width
         try:
             model = getattr(module, STEPS[dtype][0])(
                 tensors, final_norm.detach().contiguous(), lm_head,
-                heads, kv_heads, head_dim, eps, scale,
+                heads, kv_heads, head_dim, eps, scale, *width,
             )  # fmt: skip
         except RuntimeError as exc:  # a geometry the kernels do not cover
             raise NativeBuildError(str(exc)) from exc

@@ -1,9 +1,10 @@
 // One decode step of a Llama-family model in float32 on AVX2 + FMA, every layer in one native call.
 //
 // Invariants (engine/native/decode.py states them for Python):
-//  * each output row depends on its own input row and KV alone: the products run row by row in a
-//    fixed order, whatever the batch, the thread count or the thread split (parallel work is split
-//    by output column or by head, never inside a sum);
+//  * each output row depends on its own input row and KV alone: the products are tiles_f32.h's (one
+//    chain per output in one lane, the prefill Linears' bits), attention runs row by row in a fixed
+//    order, whatever the batch, the thread count or the thread split (parallel work is split by
+//    output tile or by head, never inside a sum);
 //  * float32 throughout, as the Python layer loop computes in float32; its sums run in another
 //    order, so results are close to the loop's, not equal;
 //  * a layer without a bias passes an empty tensor for it;
@@ -13,6 +14,7 @@
 
 #include "f32.h"
 #include "team.h"
+#include "tiles_f32.h"
 
 #include <cmath>
 #include <cstdint>
@@ -25,51 +27,12 @@ namespace {
 
 using namespace prefixrag;
 
-// y[i, n] = x[i, :] . w[n, :] for ROWS rows of x, output columns [n0, n1); w [N, K] row-major
-template <int ROWS>
-AVX2 void gemv_rows(const float* x, const float* w, float* y, int64_t k, int64_t ldy, int64_t n0, int64_t n1) {
-  constexpr int NB = ROWS > 2 ? 2 : 4;  // weight rows in flight: NB * ROWS sums in 16 registers
-  int64_t n = n0;
-  for (; n + NB <= n1; n += NB) {
-    __m256 acc[NB][ROWS];
-    for (int r = 0; r < NB; ++r)
-      for (int i = 0; i < ROWS; ++i) acc[r][i] = _mm256_setzero_ps();
-    const float* wr = w + n * k;
-    for (int64_t j = 0; j < k; j += 8) {
-      for (int r = 0; r < NB; ++r) {
-        _mm_prefetch((const char*)(wr + (4 * NB + r) * k + j), _MM_HINT_T0);
-        __m256 wv = _mm256_loadu_ps(wr + r * k + j);
-        for (int i = 0; i < ROWS; ++i) acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + j), wv, acc[r][i]);
-      }
-    }
-    for (int r = 0; r < NB; ++r)
-      for (int i = 0; i < ROWS; ++i) y[i * ldy + n + r] = hsum(acc[r][i]);
-  }
-  for (; n < n1; ++n) {
-    __m256 acc[ROWS];
-    for (int i = 0; i < ROWS; ++i) acc[i] = _mm256_setzero_ps();
-    const float* wr = w + n * k;
-    for (int64_t j = 0; j < k; j += 8) {
-      __m256 wv = _mm256_loadu_ps(wr + j);
-      for (int i = 0; i < ROWS; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + j), wv, acc[i]);
-    }
-    for (int i = 0; i < ROWS; ++i) y[i * ldy + n] = hsum(acc[i]);
-  }
-}
-
-using GemvFn = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
-constexpr int64_t MAX_ROWS = 4;
-const GemvFn GEMV[MAX_ROWS + 1] = {nullptr, gemv_rows<1>, gemv_rows<2>, gemv_rows<3>, gemv_rows<4>};
-
-// y [m, n] = x [m, k] @ w[n, k]^T, split by output column across threads
-void gemv(Team& team, const float* x, const float* w, float* y, int64_t m, int64_t k, int64_t n) {
-  team.parallel((n + 7) / 8, [&](int64_t a, int64_t b) {
-    int64_t lo = a * 8, hi = std::min(n, b * 8);
-    for (int64_t i = 0; i < m; i += MAX_ROWS) {
-      int rows = int(std::min<int64_t>(MAX_ROWS, m - i));
-      GEMV[rows](x + i * k, w, y + i * n, k, n, lo, hi);
-    }
-  });
+// y [m, n] = x [m, k] @ w^T over w packed in column tiles [n / 16, k, 16] (tiles_f32.h: the prefill
+// Linears' products, so a decode row's sums equal a prefill row's), split by tile across threads
+void gemv(Team& team, const float* x, const torch::Tensor& w, float* y, int64_t m, bool wide) {
+  const int64_t k = w.size(1), n = w.size(0) * F32_COLS;
+  const float* ws = w.data_ptr<float>();
+  team.parallel(w.size(0), [&](int64_t a, int64_t b) { f32_tile_products(x, ws, y, m, k, n, a, b, wide); });
 }
 
 // weight * (x * rsqrt(mean(x^2) + eps)) for one row of h (a multiple of 8)
@@ -135,20 +98,33 @@ struct Layer {
 
 const float* ptr(const torch::Tensor& t) { return t.data_ptr<float>(); }
 
-// A model's decode step: weights held once, plain row-major float32.
+bool packed(const torch::Tensor& w) { return w.dim() == 3 && w.size(2) == F32_COLS && w.is_contiguous(); }
+
+// A model's decode step: weights held once, the matmuls' packed in column tiles as the prefill reads them.
 class DecodeModelF32 {
  public:
   DecodeModelF32(std::vector<std::vector<torch::Tensor>> layers, torch::Tensor final_norm, torch::Tensor lm_head,
-                 int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale)
+                 int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale, bool wide)
       : final_norm_(final_norm), lm_head_(lm_head), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
-        eps_(float(eps)), scale_(float(scale)) {
+        eps_(float(eps)), scale_(float(scale)), wide_(wide) {
+    TORCH_CHECK(!wide || __builtin_cpu_supports("avx512f"), "wide=True needs AVX-512");
     for (auto& l : layers) {
       TORCH_CHECK(l.size() == 8, "a layer is 8 tensors (norms, wqkv, bqkv, wo, bo, wgu, wdown)");
       for (auto& t : l) TORCH_CHECK(t.scalar_type() == torch::kFloat32, "the float32 step needs float32 weights");
       layers_.push_back(Layer{l[0], l[1], l[2], l[3], l[4], l[5], l[6], l[7]});
+      const Layer& L = layers_.back();
+      TORCH_CHECK(packed(L.wqkv) && packed(L.wo) && packed(L.wgu) && packed(L.wdown),
+                  "the float32 step reads its matmuls packed in column tiles [n / 16, k, 16]");
     }
-    hidden_ = lm_head.size(1);
-    inter_ = layers_[0].wdown.size(1);
+    TORCH_CHECK(packed(lm_head), "the float32 step reads the lm_head packed in column tiles [n / 16, k, 16]");
+    hidden_ = lm_head.size(1);  // [vocab / 16, hidden, 16]
+    inter_ = layers_[0].wdown.size(1);  // [hidden / 16, inter, 16]
+    const int64_t qkv_n = (heads_ + 2 * kv_heads_) * head_dim_;
+    for (const Layer& L : layers_)
+      TORCH_CHECK(L.wqkv.size(0) * F32_COLS == qkv_n && L.wqkv.size(1) == hidden_ && L.wo.size(0) * F32_COLS == hidden_ &&
+                      L.wo.size(1) == heads_ * head_dim_ && L.wgu.size(0) * F32_COLS == 2 * inter_ &&
+                      L.wgu.size(1) == hidden_ && L.wdown.size(0) * F32_COLS == hidden_ && L.wdown.size(1) == inter_,
+                  "the layers' packed matmuls do not fit the model's geometry");
     TORCH_CHECK(head_dim_ % 8 == 0 && hidden_ % 8 == 0 && inter_ % 8 == 0 && head_dim_ <= 256 &&
                     heads_ % kv_heads_ == 0,
                 "native decode needs the head dim, hidden and intermediate sizes in multiples of 8");
@@ -188,22 +164,22 @@ class DecodeModelF32 {
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& L = layers_[li];
       for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(L.in_norm), normed.data() + i * h, h, eps_);
-      gemv(team, normed.data(), ptr(L.wqkv), qkv.data(), m, h, qkv_n);
+      gemv(team, normed.data(), L.wqkv, qkv.data(), m, wide_);
       if (L.bqkv.numel() > 0)
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < qkv_n; ++j) qkv[i * qkv_n + j] += ptr(L.bqkv)[j];
       rope(qkv.data(), ptr(cos), ptr(sin), m, qkv_n);
       write_kv(qkv.data(), k_stores, v_stores, pasts, li, qkv_n);
       attention(team, qkv.data(), k_stores, v_stores, pasts, li, qkv_n, longest, attn.data());
-      project_add(team, attn.data(), L.wo, L.bo, xs, sums.data(), m, heads_ * d, h);
+      project_add(team, attn.data(), L.wo, L.bo, xs, sums.data(), m, h, wide_);
       for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(L.post_norm), normed.data() + i * h, h, eps_);
-      gemv(team, normed.data(), ptr(L.wgu), sums.data(), m, h, 2 * inter_);
+      gemv(team, normed.data(), L.wgu, sums.data(), m, wide_);
       for (int64_t i = 0; i < m; ++i) silu_mul(sums.data() + i * 2 * inter_, act.data() + i * inter_, inter_);
-      project_add(team, act.data(), L.wdown, no_bias_, xs, sums.data(), m, inter_, h);
+      project_add(team, act.data(), L.wdown, no_bias_, xs, sums.data(), m, h, wide_);
     }
     for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(final_norm_), normed.data() + i * h, h, eps_);
-    auto logits = torch::empty({m, lm_head_.size(0)}, torch::kFloat32);
-    gemv(team, normed.data(), ptr(lm_head_), logits.data_ptr<float>(), m, h, lm_head_.size(0));
+    auto logits = torch::empty({m, lm_head_.size(0) * F32_COLS}, torch::kFloat32);
+    gemv(team, normed.data(), lm_head_, logits.data_ptr<float>(), m, wide_);
     return logits;
   }
 
@@ -254,8 +230,8 @@ class DecodeModelF32 {
 
   // x += in @ w^T (+ bias)
   static void project_add(Team& team, const float* in, const torch::Tensor& w, const torch::Tensor& bias, float* x,
-                          float* sums, int64_t m, int64_t k, int64_t h) {
-    gemv(team, in, ptr(w), sums, m, k, h);
+                          float* sums, int64_t m, int64_t h, bool wide) {
+    gemv(team, in, w, sums, m, wide);
     const float* b = bias.numel() > 0 ? ptr(bias) : nullptr;
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < h; ++j) x[i * h + j] += b ? sums[i * h + j] + b[j] : sums[i * h + j];
@@ -267,6 +243,7 @@ class DecodeModelF32 {
   torch::Tensor final_norm_, lm_head_, no_bias_ = torch::empty({0}, torch::kFloat32);
   int64_t heads_, kv_heads_, head_dim_, hidden_ = 0, inter_ = 0;
   float eps_, scale_;
+  bool wide_;
 };
 
 }  // namespace
@@ -274,6 +251,6 @@ class DecodeModelF32 {
 void bind_decode_step_f32(pybind11::module_& mod) {
   pybind11::class_<DecodeModelF32>(mod, "DecodeModelF32")
       .def(pybind11::init<std::vector<std::vector<torch::Tensor>>, torch::Tensor, torch::Tensor, int64_t, int64_t,
-                          int64_t, double, double>())
+                          int64_t, double, double, bool>())
       .def("step", &DecodeModelF32::step, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

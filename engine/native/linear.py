@@ -11,11 +11,10 @@ prompt prefilled whole or split anywhere gives every row the same bits, and one 
 one row, not a tile (how they compare with torch's tiles: docs/benchmarks/native/README.md). Their
 sums run in another order than the libraries', so results are close to those, not equal.
 
-bfloat16: the decode step reads the same packed tensors (engine.native.decode), so the weights are
-held once; it runs where the native decode step's bfloat16 CPU conditions hold, and a runner prefers
+The decode step reads the same packed tensors (engine.native.decode), so the weights are held once.
+bfloat16: it runs where the native decode step's bfloat16 CPU conditions hold, and a runner prefers
 it (:func:`preferred`) except on CPUs with AMX, where oneDNN multiplies in AMX tiles. float32: AVX2
-and FMA, or AVX-512 where the process may use it (the same bits at either width); the float32 decode
-step reads the plain weights, which the packed copy keeps alive beside it.
+and FMA, or AVX-512 where the process may use it (the same bits at either width).
 
 Example:
     >>> w = TiledLinear.of(torch.randn(960, 576).bfloat16())            # doctest: +SKIP
@@ -75,8 +74,7 @@ def wide_float32() -> bool:
 
 class TiledLinear:
     """A bfloat16 or float32 Linear weight ``[out, in]`` packed in column tiles. ``x [M, in] -> [M,
-    out]``; row i of the result depends on ``x[i]`` alone. ``source``: float32's plain weight, which
-    the float32 decode step reads (None for bfloat16, whose decode step reads the tiles).
+    out]``; row i of the result depends on ``x[i]`` alone.
 
     Example:
         >>> w = TiledLinear.of(torch.randn(960, 576).bfloat16())        # doctest: +SKIP
@@ -84,15 +82,12 @@ class TiledLinear:
         ((960, 576), torch.bfloat16)
     """
 
-    __slots__ = ("_module", "_wide", "dtype", "shape", "source", "tiles")
+    __slots__ = ("_module", "_wide", "dtype", "shape", "tiles")
 
-    def __init__(
-        self, tiles: torch.Tensor, shape: tuple[int, int], module: object, source: torch.Tensor | None = None
-    ) -> None:
+    def __init__(self, tiles: torch.Tensor, shape: tuple[int, int], module: object) -> None:
         self.tiles = tiles
         self.shape = shape
         self.dtype = tiles.dtype
-        self.source = source
         self._module = module
         self._wide = wide_float32()
 
@@ -106,8 +101,7 @@ class TiledLinear:
         tiles = _tiles.get(weight)
         if tiles is None:
             tiles = _tiles[weight] = (pack_float32_tiles if single else pack_column_tiles)(weight)
-        source = weight.detach() if single else None
-        return cls(tiles, (int(weight.shape[0]), int(weight.shape[1])), native_module(), source)
+        return cls(tiles, (int(weight.shape[0]), int(weight.shape[1])), native_module())
 
     @property
     def nbytes(self) -> int:

@@ -1,6 +1,7 @@
 """The float32 native decode step (engine/native/decode_step_f32.cpp, AVX2 + FMA): the layer loop's
 greedy answers, logits within float32 rounding of the loop's, a row independent of its batch mates,
-and the engine stating that it runs."""
+the weights held once (the prefill's packed tiles), the same bits at either vector width, and the
+engine stating that it runs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.fused import FusedLlamaRunner
 from engine.isa import cpu_flags
-from engine.native.decode import STEPS, unavailable_reason
+from engine.native import decode as native_decode
+from engine.native.decode import STEPS, NativeDecode, unavailable_reason
 from tests.engine.native.test_decode import PROMPTS, _decode, _prompt, store_refusal
 
 HAS_CPU = all(flag in cpu_flags() for flag in STEPS[torch.float32][1])
@@ -59,6 +61,46 @@ def test_a_row_never_depends_on_its_batch_mates(runner, loaded_model):
         bufs.append(buf)
     for a, b in zip(alone, runner.decode_batch([42] * len(prompts), bufs)):
         assert torch.equal(a, b)
+
+
+@needs_cpu
+def test_the_step_reads_the_prefills_tiles_and_holds_no_plain_copy(runner):
+    held = {t.data_ptr() for t in runner.native.held}
+    layer = runner.layers[0]
+    assert {
+        layer.wqkv.tiles.data_ptr(),
+        layer.wdown.tiles.data_ptr(),
+        runner.lm_head.tiles.data_ptr(),
+    } <= held
+    matmuls = [t for t in runner.native.held if t.dim() > 1]
+    assert all(t.dim() == 3 and t.shape[2] == 16 for t in matmuls)  # packed [n / 16, k, 16], nothing else
+
+
+@needs_cpu
+def test_over_plain_weights_the_step_packs_its_own_tiles(loaded_model):
+    plain = FusedLlamaRunner(loaded_model.model, native_linear=False)
+    assert plain.native is not None and not plain.tiled
+    ids = _prompt(loaded_model, PROMPTS[0])
+    native_tokens, _ = _decode(plain, ids, 8, native=True)
+    loop_tokens, _ = _decode(plain, ids, 8, native=False)
+    assert native_tokens == loop_tokens
+
+
+@pytest.mark.skipif("avx512f" not in cpu_flags(), reason="the CPU lacks AVX-512: only the AVX2 width runs")
+def test_the_avx512_and_avx2_widths_give_the_same_bits(runner, loaded_model, monkeypatch):
+    ids = _prompt(loaded_model, PROMPTS[1])
+    wide = _decode(runner, ids, 6, native=True)
+    monkeypatch.setattr(native_decode, "wide_float32", lambda: False)
+    geometry = (runner.heads, runner.kv_heads, runner.head_dim)
+    narrow = NativeDecode.of(
+        runner.layers, runner.final_norm, runner.lm_head, geometry, runner.eps, runner.scale
+    )
+    saved, runner.native = runner.native, narrow
+    try:
+        tokens, rows = _decode(runner, ids, 6, native=True)
+    finally:
+        runner.native = saved
+    assert tokens == wide[0] and all(torch.equal(a, b) for a, b in zip(rows, wide[1]))
 
 
 def test_the_engine_states_which_decode_step_runs():

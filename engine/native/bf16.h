@@ -41,6 +41,32 @@ AVX512 inline __m512 round_bf16_ps(__m512 v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(pack_bf16(v)), 16));
 }
 
+// AVX2 + FMA forms, for CPUs without AVX512-BF16: 8 lanes, the same roundings
+#define AVX2_BF16 __attribute__((target("avx2,fma")))
+
+AVX2_BF16 inline __m256 load_bf16_8(const bf16* p) {  // 8 bf16 -> 8 float
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+// the float32 bits rounded to nearest even in their top 16 (NaN stays NaN), as to_bf16
+AVX2_BF16 inline __m256i bf16_bits_8(__m256 v) {
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+  const __m256i quiet = _mm256_or_si256(b, _mm256_set1_epi32(0x400000));
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  return _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(nan));
+}
+
+AVX2_BF16 inline __m256 round_bf16_8(__m256 v) {
+  return _mm256_castsi256_ps(_mm256_and_si256(bf16_bits_8(v), _mm256_set1_epi32(int(0xffff0000u))));
+}
+
+AVX2_BF16 inline void store_bf16_16(bf16* p, __m256 lo, __m256 hi) {  // 16 float -> 16 bf16, rounded
+  const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(bf16_bits_8(lo), 16), _mm256_srli_epi32(bf16_bits_8(hi), 16));
+  _mm256_storeu_si256((__m256i*)p, _mm256_permute4x64_epi64(packed, 0xD8));
+}
+
 // e^x for x in [-87, 88] (clamped below), float32, ~1 ulp
 AVX512 inline __m512 exp_ps(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));

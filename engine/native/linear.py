@@ -12,9 +12,11 @@ one row, not a tile (how they compare with torch's tiles: docs/benchmarks/native
 sums run in another order than the libraries', so results are close to those, not equal.
 
 The decode step reads the same packed tensors (engine.native.decode), so the weights are held once.
-bfloat16: it runs where the native decode step's bfloat16 CPU conditions hold, and a runner prefers
-it (:func:`preferred`) except on CPUs with AMX, where oneDNN multiplies in AMX tiles. float32: AVX2
-and FMA, or AVX-512 where the process may use it (the same bits at either width).
+bfloat16: AVX512-BF16 dot products where the native decode step's bfloat16 CPU conditions hold,
+else each weight pair widened to float32 on AVX2 + FMA (where oneDNN would emulate bfloat16 at an
+eighth of float32's rate); a runner prefers it (:func:`preferred`) except on CPUs with AMX, where
+oneDNN multiplies in AMX tiles. float32: AVX2 and FMA, or AVX-512 where the process may use it (the
+same bits at either width).
 
 Example:
     >>> w = TiledLinear.of(torch.randn(960, 576).bfloat16())            # doctest: +SKIP
@@ -72,6 +74,14 @@ def wide_float32() -> bool:
     return "avx512f" in cpu_flags() and not narrowed
 
 
+def wide_bfloat16() -> bool:
+    """Whether the bfloat16 kernel runs AVX512-BF16 dot products here (where the native bfloat16 decode
+    step's CPU conditions hold); else it widens the pairs to float32 on AVX2 + FMA."""
+    from engine.native.decode import unavailable_reason  # decode imports this module's packing
+
+    return unavailable_reason(torch.bfloat16, True, True) is None
+
+
 class TiledLinear:
     """A bfloat16 or float32 Linear weight ``[out, in]`` packed in column tiles. ``x [M, in] -> [M,
     out]``; row i of the result depends on ``x[i]`` alone.
@@ -89,7 +99,7 @@ class TiledLinear:
         self.shape = shape
         self.dtype = tiles.dtype
         self._module = module
-        self._wide = wide_float32()
+        self._wide = wide_float32() if tiles.dtype == torch.float32 else wide_bfloat16()
 
     @classmethod
     def of(cls, weight: torch.Tensor) -> TiledLinear:
@@ -121,16 +131,19 @@ class TiledLinear:
         if self.dtype == torch.float32:  # the sums are the result: nothing to round
             out = self._module.linear_tiles_f32(x.contiguous(), self.tiles, bias, self._wide)  # type: ignore[attr-defined]
         else:
-            out = self._module.linear_tiles(x.contiguous(), self.tiles, bias, sums)  # type: ignore[attr-defined]
+            out = self._module.linear_tiles(x.contiguous(), self.tiles, bias, sums, self._wide)  # type: ignore[attr-defined]
         return out
 
 
 def available(dtype: torch.dtype) -> bool:
     """Whether :class:`TiledLinear` can multiply for a runner computing in ``dtype`` on this machine:
-    bfloat16 or float32, where the native decode step's CPU conditions for that dtype hold."""
+    bfloat16 or float32, where the native float32 decode step's CPU conditions hold (AVX2 and FMA;
+    bfloat16 also where AVX512-BF16 runs)."""
     from engine.native.decode import unavailable_reason  # decode imports this module's packing
 
-    return dtype in (torch.bfloat16, torch.float32) and unavailable_reason(dtype, True, True) is None
+    if dtype == torch.bfloat16 and wide_bfloat16():
+        return True
+    return dtype in (torch.bfloat16, torch.float32) and unavailable_reason(torch.float32, True, True) is None
 
 
 def preferred(dtype: torch.dtype) -> bool:

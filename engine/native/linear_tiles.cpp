@@ -1,4 +1,5 @@
-// A prefill's Linears in bfloat16 over weights packed in column tiles (tiles.h): y = bf16(x @ w^T),
+// A prefill's Linears in bfloat16 over weights packed in column tiles (tiles.h; AVX512-BF16, or AVX2 +
+// FMA on CPUs without it): y = bf16(x @ w^T),
 // then + bias, rounded, as torch's bfloat16 Linear followed by the bias add; or the float32 sums
 // themselves (the lm_head's logits: rounding them to bfloat16 would only blur near-ties).
 //
@@ -31,7 +32,52 @@ AVX512 void round_block(const float* sums, const bf16* bias, bf16* y, int64_t ro
     }
 }
 
-torch::Tensor linear_tiles(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool sums_out) {
+// the same on AVX2
+AVX2_BF16 void round_block_avx2(const float* sums, const bf16* bias, bf16* y, int64_t rows, int64_t cols, int64_t ldy) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; j += 16) {
+      __m256 lo = round_bf16_8(_mm256_loadu_ps(sums + r * cols + j));
+      __m256 hi = round_bf16_8(_mm256_loadu_ps(sums + r * cols + j + 8));
+      if (bias != nullptr) {
+        lo = _mm256_add_ps(lo, load_bf16_8(bias + j));
+        hi = _mm256_add_ps(hi, load_bf16_8(bias + j + 8));
+      }
+      store_bf16_16(y + r * ldy + j, lo, hi);
+    }
+}
+
+// AVX2: the rows widened to float32 once, then the sums and their rounding per block of tiles
+torch::Tensor linear_tiles_avx2(const bf16* xs, const bf16* ws, const bf16* bs, torch::Tensor y, int64_t m, int64_t k,
+                                int64_t tiles, bool sums_out) {
+  const int64_t n = tiles * TILE_COLS;
+  std::vector<float> xf(m * k);
+  widen_rows(xs, xf.data(), m * k);
+  const int64_t grain = std::max<int64_t>(1, GRAIN_MACS / (m * k * TILE_COLS));
+  if (sums_out) {
+    float* ys = y.data_ptr<float>();
+    at::parallel_for(0, tiles, grain, [&](int64_t a, int64_t b) { tile_sums_avx2(xf.data(), ws, ys, m, k, n, a, b); });
+    return y;
+  }
+  bf16* ys = reinterpret_cast<bf16*>(y.data_ptr());
+  at::parallel_for(0, tiles, grain, [&](int64_t a, int64_t b) {
+    const int64_t block = m <= MAX_ROWS_AVX2 ? b - a : BLOCK_TILES;
+    std::vector<float> sums(MAX_ROWS_AVX2 * block * TILE_COLS);
+    for (int64_t t = a; t < b; t += block) {
+      const int64_t span = std::min(b, t + block) - t, cols = span * TILE_COLS;
+      for (int64_t i = 0; i < m; i += MAX_ROWS_AVX2) {
+        const int64_t rows = std::min(MAX_ROWS_AVX2, m - i);
+        TILE_ROWS_AVX2[rows](xf.data() + i * k, ws + t * k * TILE_COLS, sums.data(), k, cols, 0, span);
+        round_block_avx2(sums.data(), bs == nullptr ? nullptr : bs + t * TILE_COLS, ys + i * n + t * TILE_COLS, rows,
+                         cols, n);
+      }
+    }
+  });
+  return y;
+}
+
+// wide: the AVX512-BF16 kernel; else the AVX2 + FMA one
+torch::Tensor linear_tiles(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool sums_out,
+                           bool wide) {
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(), "x must be contiguous [rows, k] bf16");
   TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.dim() == 4 && w.is_contiguous() && w.size(2) == TILE_COLS &&
                   w.size(3) == 2 && w.size(1) * 2 == x.size(1),
@@ -40,9 +86,13 @@ torch::Tensor linear_tiles(const torch::Tensor& x, const torch::Tensor& w, const
   TORCH_CHECK(bias.numel() == 0 || (bias.scalar_type() == torch::kBFloat16 && bias.numel() == n && bias.is_contiguous()),
               "the bias must be contiguous [n] bf16 (or empty)");
   TORCH_CHECK(!sums_out || bias.numel() == 0, "float32 sums take no bias");
+  TORCH_CHECK(!wide || __builtin_cpu_supports("avx512bf16"), "wide=True needs AVX512-BF16");
+  TORCH_CHECK(wide || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")),
+              "the bfloat16 Linear needs AVX512-BF16, or AVX2 and FMA");
   auto y = torch::empty({m, n}, sums_out ? torch::kFloat32 : torch::kBFloat16);
   if (m == 0) return y;
   const bf16 *xs = in(x), *ws = in(w), *bs = bias.numel() > 0 ? in(bias) : nullptr;
+  if (!wide) return linear_tiles_avx2(xs, ws, bs, y, m, k, tiles, sums_out);
   const int64_t grain = std::max<int64_t>(1, GRAIN_MACS / (m * k * TILE_COLS));
   if (sums_out) {  // straight into the output, row stride n
     float* ys = y.data_ptr<float>();

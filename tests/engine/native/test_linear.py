@@ -1,7 +1,8 @@
 """The native Linears (engine/native/linear.py): as close to exact products as oneDNN's bfloat16
 kernel is, every row's bits independent of the rows beside it (so a prefill needs no row tiles), the
-bias added as torch adds it, float32 logits; the bfloat16 runner uses them where the CPU has
-AVX512-BF16 and no AMX, prefills without padding, and shares their packed weights with the decode step.
+bias added as torch adds it, float32 logits, in both bfloat16 kernels (AVX512-BF16, and AVX2 + FMA
+on every CPU); the bfloat16 runner uses them except on CPUs with AMX, prefills without padding where
+the native attention runs too, and shares their packed weights with the decode step.
 float32: within a few float32 roundings of exact products, the same bits at AVX2 and AVX-512 width
 and whatever rows share the call; the float32 runner uses them wherever AVX2 and FMA run."""
 
@@ -18,10 +19,20 @@ from engine.isa import cpu_flags
 from engine.models import load_model
 from engine.native.build import NativeBuildError, build_key
 from engine.native.decode import NEEDED_FLAGS
-from engine.native.linear import TiledLinear, available, pack_column_tiles, pack_float32_tiles, preferred
+from engine.native.linear import (
+    TiledLinear,
+    available,
+    pack_column_tiles,
+    pack_float32_tiles,
+    preferred,
+    wide_bfloat16,
+)
 
 HAS_CPU = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
-needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX512-BF16: oneDNN's Linears run")
+needs_cpu = pytest.mark.skipif(
+    not HAS_CPU, reason="the CPU lacks AVX512-BF16: the bfloat16 decode step is not built"
+)
+WIDTHS = (False, True) if HAS_CPU else (False,)  # the bfloat16 kernels this CPU runs: AVX2, AVX512-BF16
 # every CPU this project runs on has AVX2 and FMA (the float32 decode step needs them too): no skip
 HAS_AVX512 = "avx512f" in cpu_flags()
 
@@ -44,32 +55,40 @@ def test_packing_puts_each_columns_input_pairs_side_by_side():
         pack_column_tiles(torch.zeros(40, 6))
 
 
-@needs_cpu
-def test_as_close_to_exact_products_as_onednns_bfloat16_kernel():
+@pytest.mark.parametrize("wide", WIDTHS)
+def test_as_close_to_exact_products_as_onednns_bfloat16_kernel(wide):
     w, x = _weight(), _rows(300)
     exact = x.float() @ w.float().T
-    native = TiledLinear.of(w)(x).float()
+    linear = TiledLinear.of(w)
+    kernel = linear._module.linear_tiles
+    native = kernel(x, linear.tiles, x.new_empty(0), False, wide).float()
     onednn = F.linear(x, w).float()
     assert (native - exact).abs().max() <= 1.01 * (onednn - exact).abs().max() + 1e-6
     # the float32 sums are the exact products of these bf16 inputs, up to float32 summation
-    assert torch.allclose(TiledLinear.of(w).sums(x), exact, rtol=1e-4, atol=1e-4)
+    assert torch.allclose(kernel(x, linear.tiles, x.new_empty(0), True, wide), exact, rtol=1e-4, atol=1e-4)
 
 
-@needs_cpu
+@pytest.mark.parametrize("wide", WIDTHS)
 @pytest.mark.parametrize("n", [960, 3072, 576])
-def test_a_rows_bits_never_depend_on_the_rows_beside_it(n):
+def test_a_rows_bits_never_depend_on_the_rows_beside_it(n, wide):
     k = 1536 if n == 576 else 576
     linear, x = TiledLinear.of(_weight(n, k)), _rows(70, k)
-    whole, sums = linear(x), linear.sums(x)
-    for cuts in [(1,), (3, 4), (8, 9, 17, 25), (16, 32, 48, 64)]:
+    kernel, none = linear._module.linear_tiles, x.new_empty(0)
+
+    def rounded(rows):
+        return kernel(rows, linear.tiles, none, False, wide)
+
+    def sums(rows):
+        return kernel(rows, linear.tiles, none, True, wide)
+
+    whole, whole_sums = rounded(x), sums(x)
+    for cuts in [(1,), (3, 4), (5, 6, 11, 25), (8, 9, 17, 25), (16, 32, 48, 64)]:
         edges = [0, *cuts, len(x)]
-        parts = [linear(x[a:b]) for a, b in itertools.pairwise(edges)]
-        assert torch.equal(torch.cat(parts), whole), cuts
-        assert torch.equal(torch.cat([linear.sums(x[a:b]) for a, b in itertools.pairwise(edges)]), sums)
-    assert torch.equal(linear(x[5:6]), whole[5:6])  # one row alone, as a warm prefill computes it
+        assert torch.equal(torch.cat([rounded(x[a:b]) for a, b in itertools.pairwise(edges)]), whole), cuts
+        assert torch.equal(torch.cat([sums(x[a:b]) for a, b in itertools.pairwise(edges)]), whole_sums)
+    assert torch.equal(rounded(x[5:6]), whole[5:6])  # one row alone, as a warm prefill computes it
 
 
-@needs_cpu
 def test_outputs_round_the_sums_and_add_the_bias_as_torch_does():
     w, x = _weight(), _rows(20)
     bias = torch.randn(960).bfloat16()
@@ -80,7 +99,6 @@ def test_outputs_round_the_sums_and_add_the_bias_as_torch_does():
     assert torch.equal(linear(x, bias), linear(x) + bias)
 
 
-@needs_cpu
 def test_bad_inputs_are_a_clear_error():
     linear = TiledLinear.of(_weight())
     with pytest.raises(RuntimeError, match="column tiles"):
@@ -91,13 +109,13 @@ def test_bad_inputs_are_a_clear_error():
         TiledLinear.of(torch.zeros(32, 8, dtype=torch.float16))
 
 
-@needs_cpu
 def test_a_runner_prefers_them_except_where_the_cpu_has_amx():
     runner = FusedLlamaRunner(load_model(dtype="bfloat16").model)
     amx = "amx_bf16" in cpu_flags()
     assert preferred(torch.bfloat16) is not amx and preferred(torch.float32)
     assert runner.linear_kernel == ("onednn" if amx else f"native {build_key()}")
-    assert runner.rows_exact is not amx  # the native attention and Linears: no row is padded
+    # the native attention and Linears: no row is padded (the bfloat16 attention needs AVX512-BF16)
+    assert runner.rows_exact is (HAS_CPU and not amx)
 
 
 def _prefilled_whole_and_split_alike(runner: FusedLlamaRunner, tokenizer) -> tuple[list[int], torch.Tensor]:
@@ -130,7 +148,6 @@ def test_the_runner_prefills_unpadded_rows_exactly_and_shares_the_packed_weights
     assert F.cosine_similarity(logits, reference, dim=0) > 0.999
 
 
-@needs_cpu
 def test_runners_over_one_model_share_one_packed_copy():
     model = load_model(dtype="bfloat16").model
     first, second = (FusedLlamaRunner(model, native_linear=True) for _ in range(2))
@@ -138,18 +155,20 @@ def test_runners_over_one_model_share_one_packed_copy():
     assert first.lm_head.tiles is second.lm_head.tiles
 
 
-def test_where_they_cannot_run_even_true_keeps_onednn(monkeypatch):
+def test_a_process_narrowed_to_avx2_multiplies_bfloat16_on_avx2(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # this process narrowed to a CPU without AVX-512
-    assert not available(torch.bfloat16) and not preferred(torch.bfloat16)
+    assert available(torch.bfloat16) and not wide_bfloat16()
     runner = FusedLlamaRunner(load_model(dtype="bfloat16").model, native_linear=True)
-    assert not runner.tiled and runner.linear_kernel in ("onednn", "torch") and not runner.rows_exact
+    assert runner.tiled and not runner.lm_head._wide and not runner.rows_exact
 
 
-def test_the_process_narrowed_below_avx2_keeps_torchs_float32_tiles(monkeypatch):
+def test_the_process_narrowed_below_avx2_keeps_torchs_tiles(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
-    assert not available(torch.float32)
+    assert not available(torch.float32) and not available(torch.bfloat16)
     runner = FusedLlamaRunner(load_model(dtype="float32").model, native_linear=True)
     assert not runner.tiled and runner.linear_kernel == "torch"
+    runner = FusedLlamaRunner(load_model(dtype="bfloat16").model, native_linear=True)
+    assert not runner.tiled and runner.linear_kernel in ("onednn", "torch") and not runner.rows_exact
 
 
 # ---- float32 ---------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import torch
 
 from engine.isa import cpu_flags
 from engine.native.build import NativeBuildError, native_module
-from engine.native.decode import unavailable_reason
+from engine.native.decode import avx512_bf16_reason, unavailable_reason
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ class NativeAttention:
         """The kernel for ``dtype`` and ``head_dim`` on this machine, or None where it cannot run."""
         if dtype not in (torch.bfloat16, torch.float32) or head_dim not in HEAD_DIMS:
             return None
-        if unavailable_reason(dtype, True, True) is not None:
+        bfloat16 = dtype == torch.bfloat16  # its kernel is AVX512-BF16's only
+        if (avx512_bf16_reason() if bfloat16 else unavailable_reason(dtype, True, True)) is not None:
             return None
         try:
             return cls(native_module(), dtype)

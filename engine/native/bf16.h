@@ -1,4 +1,5 @@
-// bfloat16 helpers shared by the native kernels (decode_step.cpp, prefill_rows.cpp).
+// bfloat16 helpers shared by the native kernels (decode_step.cpp, prefill_rows.cpp, linear_tiles.cpp),
+// in AVX512-BF16 and AVX2 + FMA forms.
 //
 // Invariants: every rounding is round-to-nearest-even, as torch's casts; a row's result depends on
 // that row alone (no sum runs across rows).
@@ -8,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include "f32.h"
 
 namespace prefixrag {
 
@@ -42,14 +45,12 @@ AVX512 inline __m512 round_bf16_ps(__m512 v) {
 }
 
 // AVX2 + FMA forms, for CPUs without AVX512-BF16: 8 lanes, the same roundings
-#define AVX2_BF16 __attribute__((target("avx2,fma")))
-
-AVX2_BF16 inline __m256 load_bf16_8(const bf16* p) {  // 8 bf16 -> 8 float
+AVX2 inline __m256 load_bf16_8(const bf16* p) {  // 8 bf16 -> 8 float
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
 
 // the float32 bits rounded to nearest even in their top 16 (NaN stays NaN), as to_bf16
-AVX2_BF16 inline __m256i bf16_bits_8(__m256 v) {
+AVX2 inline __m256i bf16_bits_8(__m256 v) {
   const __m256i b = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
   const __m256i rounded = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
@@ -58,11 +59,16 @@ AVX2_BF16 inline __m256i bf16_bits_8(__m256 v) {
   return _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(nan));
 }
 
-AVX2_BF16 inline __m256 round_bf16_8(__m256 v) {
+AVX2 inline __m256 round_bf16_8(__m256 v) {
   return _mm256_castsi256_ps(_mm256_and_si256(bf16_bits_8(v), _mm256_set1_epi32(int(0xffff0000u))));
 }
 
-AVX2_BF16 inline void store_bf16_16(bf16* p, __m256 lo, __m256 hi) {  // 16 float -> 16 bf16, rounded
+AVX2 inline void store_bf16_8(bf16* p, __m256 v) {  // 8 float -> 8 bf16, rounded
+  const __m256i half = _mm256_srli_epi32(bf16_bits_8(v), 16);
+  _mm_storeu_si128((__m128i*)p, _mm_packus_epi32(_mm256_castsi256_si128(half), _mm256_extracti128_si256(half, 1)));
+}
+
+AVX2 inline void store_bf16_16(bf16* p, __m256 lo, __m256 hi) {  // 16 float -> 16 bf16, rounded
   const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(bf16_bits_8(lo), 16), _mm256_srli_epi32(bf16_bits_8(hi), 16));
   _mm256_storeu_si256((__m256i*)p, _mm256_permute4x64_epi64(packed, 0xD8));
 }

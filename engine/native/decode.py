@@ -9,7 +9,8 @@ machine: engine.native.build) runs the same layers in one call: AVX512-BF16 dot 
 weights packed once in tiles of 16 output columns (engine.native.linear: each instruction adds into
 16 columns' sums, so several rows share one pass over the weights), RMSNorm, RoPE, SiLU and the
 residual adds fused around them, attention per KV group over the KV buffer in place, on a thread
-team of its own. It rounds to bfloat16 wherever the Python loop does and returns the lm_head's
+team of its own; on CPUs without AVX512-BF16 (``decode_avx2.h``) the same layers run on AVX2 + FMA,
+each bfloat16 pair widened to float32. It rounds to bfloat16 wherever the Python loop does and returns the lm_head's
 float32 sums; its attention sums run in another order, so its results are close to the loop's, not
 equal (tests/engine/native/test_decode.py checks greedy choices and the distance to float32). What
 it guarantees beyond that: a row's result depends on its own token and KV alone, never on its batch
@@ -18,8 +19,8 @@ mates or the thread count.
 In float32 (``decode_step_f32.cpp``, AVX2 and FMA: what ``dtype="auto"`` computes in on CPUs
 without bfloat16 matmuls, such as AMD EPYC Zen 2/3) the same layers run unrounded, with the same
 guarantees, over the float32 prefill's packed tiles (one copy of the weights; a row's Linear sums
-are the prefill's bits). It runs where the CPU has the instructions of the compute dtype's step (:data:`STEPS`),
-the weights are float, the KV format stores the compute dtype and decode is not
+are the prefill's bits). A step runs where the CPU has the instructions of one of the compute
+dtype's steps (:data:`STEPS`, the first that can run), the weights are float, the KV format stores the compute dtype and decode is not
 ``batch_invariant`` (which runs a prefill's shapes instead); elsewhere :func:`unavailable_reason`
 says why and the Python loop runs.
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,31 +44,62 @@ from engine.llama_weights import LlamaLayer
 from engine.native.build import NativeBuildError, native_module
 from engine.native.linear import TiledLinear, pack_column_tiles, pack_float32_tiles, wide_float32
 
-NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")
+NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")  # the AVX512-BF16 kernels
+AVX2_FLAGS = ("avx2", "fma")
 NARROW_CAPABILITIES = ("default", "avx2")  # ATEN_CPU_CAPABILITY values that emulate a CPU without AVX-512
-# per compute dtype: the native class, the CPU flags it needs, the ATEN_CPU_CAPABILITY values that rule it out
-STEPS: dict[torch.dtype, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    torch.bfloat16: ("DecodeModel", NEEDED_FLAGS, NARROW_CAPABILITIES),
-    torch.float32: ("DecodeModelF32", ("avx2", "fma"), ("default",)),
+
+
+@dataclass(frozen=True)
+class Step:
+    """A native decode step: its class, the CPU flags it needs and the ATEN_CPU_CAPABILITY values
+    that rule it out (a process narrowed below its instructions)."""
+
+    native_class: str
+    flags: tuple[str, ...]
+    narrowing: tuple[str, ...]
+
+    def unavailable_reason(self) -> str | None:
+        missing = [flag for flag in self.flags if flag not in cpu_flags()]
+        if missing:
+            return f"the CPU lacks {', '.join(missing)}"
+        capability = os.environ.get("ATEN_CPU_CAPABILITY", "")
+        if capability in self.narrowing:
+            return f"ATEN_CPU_CAPABILITY={capability} narrows this process to a CPU without {self.flags[0].upper()}"
+        return None
+
+
+AVX512_BF16 = Step("DecodeModel", NEEDED_FLAGS, NARROW_CAPABILITIES)
+# per compute dtype, its steps in order of preference: the first that can run here runs
+STEPS: dict[torch.dtype, tuple[Step, ...]] = {
+    torch.bfloat16: (AVX512_BF16, Step("DecodeModelAvx2", AVX2_FLAGS, ("default",))),
+    torch.float32: (Step("DecodeModelF32", AVX2_FLAGS, ("default",)),),
 }
 
 
+def avx512_bf16_reason() -> str | None:
+    """Why the AVX512-BF16 kernels (the bfloat16 prefill attention and row passes, the wide Linear)
+    cannot run in this process (None: they can)."""
+    return AVX512_BF16.unavailable_reason()
+
+
 def unavailable_reason(dtype: torch.dtype, float_weights: bool, kv_identity: bool) -> str | None:
-    """Why the native step cannot run for these settings on this machine (None: it can)."""
+    """Why no native step can run for these settings on this machine (None: one can)."""
     if dtype not in STEPS:
         return f"the compute dtype is {str(dtype).removeprefix('torch.')} (the native step is bfloat16 or float32)"
     if not float_weights:
         return "int8 weights run engine.quant's kernels"
     if not kv_identity:
         return "the KV format rounds keys and values (the native step stores the compute dtype)"
-    _, needed, narrowing = STEPS[dtype]
-    missing = [flag for flag in needed if flag not in cpu_flags()]
-    if missing:
-        return f"the CPU lacks {', '.join(missing)}"
-    capability = os.environ.get("ATEN_CPU_CAPABILITY", "")
-    if capability in narrowing:
-        return f"ATEN_CPU_CAPABILITY={capability} narrows this process to a CPU without {needed[0].upper()}"
-    return None
+    reasons = [step.unavailable_reason() for step in STEPS[dtype]]
+    return None if None in reasons else reasons[-1]  # the last step needs the least
+
+
+def step_for(dtype: torch.dtype) -> Step:
+    """The step that runs ``dtype`` here (raises NativeBuildError where none can)."""
+    for step in STEPS.get(dtype, ()):
+        if step.unavailable_reason() is None:
+            return step
+    raise NativeBuildError(str(unavailable_reason(dtype, True, True)))
 
 
 MATMULS = (2, 4, 6, 7)  # a layer row's wqkv, wo, wgu, wdown
@@ -100,8 +133,7 @@ class NativeDecode:
         """Build over ``layers`` (plain tensors or :class:`TiledLinear`, before oneDNN packing); raises
         NativeBuildError."""
         dtype = final_norm.dtype
-        if dtype not in STEPS:
-            raise NativeBuildError(f"no native step computes in {dtype}")
+        step_for(dtype)  # one can run here
         empty = torch.empty(0, dtype=dtype)
         tensors = []
         for layer in layers:
@@ -118,7 +150,7 @@ class NativeDecode:
         module = native_module()
         width = (wide_float32(),) if dtype == torch.float32 else ()  # the same bits at either width
         try:
-            model = getattr(module, STEPS[dtype][0])(
+            model = getattr(module, step_for(dtype).native_class)(
                 tensors, final_norm.detach().contiguous(), lm_head,
                 heads, kv_heads, head_dim, eps, scale, *width,
             )  # fmt: skip

@@ -1,4 +1,5 @@
-// One decode step of a Llama-family model in bfloat16, every layer in one native call.
+// One decode step of a Llama-family model in bfloat16, every layer in one native call, on AVX512-BF16
+// or (DecodeModelAvx2) on AVX2 + FMA.
 //
 // Invariants (engine/native/decode.py states them for Python):
 //  * each output row depends on its own input row and KV alone: the products run row by row in a
@@ -13,6 +14,7 @@
 #include <torch/extension.h>
 
 #include "bf16.h"
+#include "decode_avx2.h"
 #include "team.h"
 #include "tiles.h"
 
@@ -173,6 +175,34 @@ using AttendFn = void (*)(const bf16*, const bf16*, const bf16*, int64_t, int64_
 constexpr int64_t MAX_GROUP = 4;  // query heads sharing one pass over their group's keys
 const AttendFn ATTEND[MAX_GROUP + 1] = {nullptr, attend_heads<1>, attend_heads<2>, attend_heads<3>, attend_heads<4>};
 
+// The kernels a decode step runs over: AVX512-BF16 (above) or AVX2 + FMA (decode_avx2.h); both
+// round where the Python layer loop rounds.
+struct Avx512Kernels {
+  static constexpr int64_t MAX_GROUP = ::MAX_GROUP;
+  static void rms_norm(const bf16* x, const bf16* w, bf16* out, int64_t h, float eps) { prefixrag::rms_norm(x, w, out, h, eps); }
+  static void gemv(Team& team, const bf16* x, const bf16* w, float* y, int64_t m, int64_t k, int64_t n) {
+    ::gemv(team, x, w, y, m, k, n);
+  }
+  static void round_sums(const float* sums, const bf16* bias, bf16* out, int64_t n) { ::round_sums(sums, bias, out, n); }
+  static void add_sums(const float* sums, const bf16* bias, bf16* x, int64_t n) { ::add_sums(sums, bias, x, n); }
+  static void rope_head(bf16* v, const bf16* cs, const bf16* sn, int64_t d) { ::rope_head(v, cs, sn, d); }
+  static void silu_mul(const float* sums, bf16* out, int64_t n) { ::silu_mul(sums, out, n); }
+  static AttendFn attend(int64_t heads) { return ATTEND[heads]; }
+};
+
+struct Avx2Kernels {
+  static constexpr int64_t MAX_GROUP = avx2::MAX_GROUP;
+  static void rms_norm(const bf16* x, const bf16* w, bf16* out, int64_t h, float eps) { avx2::rms_norm(x, w, out, h, eps); }
+  static void gemv(Team& team, const bf16* x, const bf16* w, float* y, int64_t m, int64_t k, int64_t n) {
+    avx2::gemv(team, x, w, y, m, k, n);
+  }
+  static void round_sums(const float* sums, const bf16* bias, bf16* out, int64_t n) { avx2::round_sums(sums, bias, out, n); }
+  static void add_sums(const float* sums, const bf16* bias, bf16* x, int64_t n) { avx2::add_sums(sums, bias, x, n); }
+  static void rope_head(bf16* v, const bf16* cs, const bf16* sn, int64_t d) { avx2::rope_head(v, cs, sn, d); }
+  static void silu_mul(const float* sums, bf16* out, int64_t n) { avx2::silu_mul(sums, out, n); }
+  static AttendFn attend(int64_t heads) { return avx2::ATTEND[heads]; }
+};
+
 struct Layer {
   torch::Tensor in_norm, post_norm, wqkv, bqkv, wo, bo, wgu, wdown;
 };
@@ -189,7 +219,8 @@ void check_tiles(const torch::Tensor& w, int64_t n, int64_t k) {
               "a weight must be bf16 packed in column tiles [", n, " / 16, ", k, " / 2, 16, 2]");
 }
 
-// A model's decode step: weights held once, plain row-major bfloat16.
+// A model's decode step over kernels K: weights held once, packed in column tiles as the prefill reads them.
+template <class K>
 class DecodeModel {
  public:
   DecodeModel(std::vector<std::vector<torch::Tensor>> layers, torch::Tensor final_norm, torch::Tensor lm_head,
@@ -249,24 +280,24 @@ class DecodeModel {
     Session session(team);  // workers spin for this step's work, and sleep again when it ends
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& L = layers_[li];
-      for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(L.in_norm), normed.data() + i * h, h, eps_);
-      gemv(team, normed.data(), ptr(L.wqkv), sums.data(), m, h, qkv_n);
+      for (int64_t i = 0; i < m; ++i) K::rms_norm(xs + i * h, ptr(L.in_norm), normed.data() + i * h, h, eps_);
+      K::gemv(team, normed.data(), ptr(L.wqkv), sums.data(), m, h, qkv_n);
       const bf16* bqkv = L.bqkv.numel() > 0 ? ptr(L.bqkv) : nullptr;
-      for (int64_t i = 0; i < m; ++i) round_sums(sums.data() + i * qkv_n, bqkv, qkv.data() + i * qkv_n, qkv_n);
+      for (int64_t i = 0; i < m; ++i) K::round_sums(sums.data() + i * qkv_n, bqkv, qkv.data() + i * qkv_n, qkv_n);
       rope(qkv.data(), cs, sn, m, qkv_n);
       write_kv(qkv.data(), k_stores, v_stores, pasts, li, qkv_n);
       attention(team, qkv.data(), k_stores, v_stores, pasts, li, qkv_n, longest, attn.data());
       project_add(team, attn.data(), L.wo, L.bo, xs, sums.data(), m, heads_ * d, h);
-      for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(L.post_norm), normed.data() + i * h, h, eps_);
-      gemv(team, normed.data(), ptr(L.wgu), sums.data(), m, h, 2 * inter_);
-      for (int64_t i = 0; i < m; ++i) silu_mul(sums.data() + i * 2 * inter_, act.data() + i * inter_, inter_);
+      for (int64_t i = 0; i < m; ++i) K::rms_norm(xs + i * h, ptr(L.post_norm), normed.data() + i * h, h, eps_);
+      K::gemv(team, normed.data(), ptr(L.wgu), sums.data(), m, h, 2 * inter_);
+      for (int64_t i = 0; i < m; ++i) K::silu_mul(sums.data() + i * 2 * inter_, act.data() + i * inter_, inter_);
       project_add(team, act.data(), L.wdown, no_bias_, xs, sums.data(), m, inter_, h);
     }
-    for (int64_t i = 0; i < m; ++i) rms_norm(xs + i * h, ptr(final_norm_), normed.data() + i * h, h, eps_);
+    for (int64_t i = 0; i < m; ++i) K::rms_norm(xs + i * h, ptr(final_norm_), normed.data() + i * h, h, eps_);
     const int64_t vocab = columns(lm_head_);
     auto logits = torch::empty({m, vocab}, torch::kFloat32);
     float* out = logits.data_ptr<float>();
-    gemv(team, normed.data(), ptr(lm_head_), out, m, h, vocab);
+    K::gemv(team, normed.data(), ptr(lm_head_), out, m, h, vocab);
     // the float32 sums, as the prefill's tiled lm_head gives them (engine.native.linear)
     return logits;
   }
@@ -276,7 +307,7 @@ class DecodeModel {
   void rope(bf16* qkv, const bf16* cs, const bf16* sn, int64_t m, int64_t qkv_n) const {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t hh = 0; hh < heads_ + kv_heads_; ++hh)
-        rope_head(qkv + i * qkv_n + hh * head_dim_, cs + i * head_dim_, sn + i * head_dim_, head_dim_);
+        K::rope_head(qkv + i * qkv_n + hh * head_dim_, cs + i * head_dim_, sn + i * head_dim_, head_dim_);
   }
 
   void write_kv(const bf16* qkv, std::vector<torch::Tensor>& ks, std::vector<torch::Tensor>& vs,
@@ -302,14 +333,14 @@ class DecodeModel {
   void attention(Team& team, const bf16* qkv, std::vector<torch::Tensor>& ks, std::vector<torch::Tensor>& vs,
                  const std::vector<int64_t>& pasts, size_t layer, int64_t qkv_n, int64_t longest, bf16* out) const {
     const int64_t d = head_dim_, m = int64_t(pasts.size()), group = heads_ / kv_heads_;
-    const int64_t batch = m * kv_heads_ >= 4 * team.threads() ? std::min(group, MAX_GROUP) : 1;
+    const int64_t batch = m * kv_heads_ >= 4 * team.threads() ? std::min(group, K::MAX_GROUP) : 1;
     const int64_t batches = (group + batch - 1) / batch;  // per KV group
     team.parallel(m * kv_heads_ * batches, [&](int64_t a, int64_t b) {
       std::vector<float> scores(batch * longest);
       for (int64_t task = a; task < b; ++task) {
         int64_t i = task / (kv_heads_ * batches), g = task / batches % kv_heads_, first = (task % batches) * batch;
         int64_t hh = g * group + first, n = std::min(batch, group - first);
-        ATTEND[n](qkv + i * qkv_n + hh * d, slot(ks[i], layer, g, 0), slot(vs[i], layer, g, 0), pasts[i] + 1, d, scale_,
+        K::attend(n)(qkv + i * qkv_n + hh * d, slot(ks[i], layer, g, 0), slot(vs[i], layer, g, 0), pasts[i] + 1, d, scale_,
                   scores.data(), out + (i * heads_ + hh) * d);
       }
     });
@@ -318,9 +349,9 @@ class DecodeModel {
   // x += bf16(in @ w^T (+ bias)), each step rounded as the Python path rounds it
   static void project_add(Team& team, const bf16* in, const torch::Tensor& w, const torch::Tensor& bias, bf16* x, float* sums,
                           int64_t m, int64_t k, int64_t h) {
-    gemv(team, in, ptr(w), sums, m, k, h);
+    K::gemv(team, in, ptr(w), sums, m, k, h);
     const bf16* b = bias.numel() > 0 ? ptr(bias) : nullptr;
-    for (int64_t i = 0; i < m; ++i) add_sums(sums + i * h, b, x + i * h, h);
+    for (int64_t i = 0; i < m; ++i) K::add_sums(sums + i * h, b, x + i * h, h);
   }
 
   std::vector<Layer> layers_;
@@ -333,9 +364,15 @@ class DecodeModel {
 
 }  // namespace
 
-void bind_decode_step(pybind11::module_& mod) {
-  pybind11::class_<DecodeModel>(mod, "DecodeModel")
+template <class K>
+void bind_model(pybind11::module_& mod, const char* name) {
+  pybind11::class_<DecodeModel<K>>(mod, name)
       .def(pybind11::init<std::vector<std::vector<torch::Tensor>>, torch::Tensor, torch::Tensor, int64_t, int64_t,
                           int64_t, double, double>())
-      .def("step", &DecodeModel::step, pybind11::call_guard<pybind11::gil_scoped_release>());
+      .def("step", &DecodeModel<K>::step, pybind11::call_guard<pybind11::gil_scoped_release>());
+}
+
+void bind_decode_step(pybind11::module_& mod) {
+  bind_model<Avx512Kernels>(mod, "DecodeModel");
+  bind_model<Avx2Kernels>(mod, "DecodeModelAvx2");
 }

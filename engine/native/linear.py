@@ -77,9 +77,9 @@ def wide_float32() -> bool:
 def wide_bfloat16() -> bool:
     """Whether the bfloat16 kernel runs AVX512-BF16 dot products here (where the native bfloat16 decode
     step's CPU conditions hold); else it widens the pairs to float32 on AVX2 + FMA."""
-    from engine.native.decode import unavailable_reason  # decode imports this module's packing
+    from engine.native.decode import avx512_bf16_reason  # decode imports this module's packing
 
-    return unavailable_reason(torch.bfloat16, True, True) is None
+    return avx512_bf16_reason() is None
 
 
 class TiledLinear:

@@ -33,7 +33,7 @@ AVX512 void round_block(const float* sums, const bf16* bias, bf16* y, int64_t ro
 }
 
 // the same on AVX2
-AVX2_BF16 void round_block_avx2(const float* sums, const bf16* bias, bf16* y, int64_t rows, int64_t cols, int64_t ldy) {
+AVX2 void round_block_avx2(const float* sums, const bf16* bias, bf16* y, int64_t rows, int64_t cols, int64_t ldy) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < cols; j += 16) {
       __m256 lo = round_bf16_8(_mm256_loadu_ps(sums + r * cols + j));

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from engine.native.build import NativeBuildError, native_module
-from engine.native.decode import unavailable_reason
+from engine.native.decode import avx512_bf16_reason
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class NativeRows:
     @classmethod
     def of(cls, dtype: torch.dtype, eps: float) -> NativeRows | None:
         """The operations for ``dtype`` on this machine, or None where they cannot run."""
-        if dtype != torch.bfloat16 or unavailable_reason(dtype, True, True) is not None:
+        if dtype != torch.bfloat16 or avx512_bf16_reason() is not None:
             return None  # bfloat16 row passes only: float32's are torch's own
         try:
             return cls(native_module(), eps)

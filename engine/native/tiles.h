@@ -54,10 +54,8 @@ AVX512 void tile_rows(const bf16* x, const bf16* wp, float* y, int64_t k, int64_
 // (exact) and added as two fused multiply-adds, the odd input first, as the instruction's definition
 // orders them; ``xf`` is the input rows widened to float32. (The instruction flushes denormals,
 // these kernels do not: the two kernels' bits are not promised to agree, each is row-exact.)
-#define BF16_AVX2 __attribute__((target("avx2,fma")))
-
 template <int ROWS, int NB>
-BF16_AVX2 void tile_rows_avx2(const float* xf, const bf16* wp, float* y, int64_t k, int64_t ldy, int64_t t0,
+AVX2 void tile_rows_avx2(const float* xf, const bf16* wp, float* y, int64_t k, int64_t ldy, int64_t t0,
                               int64_t t1) {
   const int64_t pairs = k / 2, tile = k * TILE_COLS;
   const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
@@ -92,7 +90,7 @@ BF16_AVX2 void tile_rows_avx2(const float* xf, const bf16* wp, float* y, int64_t
 }
 
 // x [rows, k] bf16 widened to float32 (exact)
-BF16_AVX2 inline void widen_rows(const bf16* x, float* out, int64_t n) {
+AVX2 inline void widen_rows(const bf16* x, float* out, int64_t n) {
   int64_t j = 0;
   for (; j + 8 <= n; j += 8)
     _mm256_storeu_ps(out + j, _mm256_castsi256_ps(_mm256_slli_epi32(

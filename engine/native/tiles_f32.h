@@ -13,7 +13,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#define F32_AVX2 __attribute__((target("avx2,fma")))
+#include "f32.h"
+
 #define F32_AVX512 __attribute__((target("avx512f")))
 
 namespace prefixrag {
@@ -52,7 +53,7 @@ F32_AVX512 void f32_rows512(const float* x, const float* wp, float* y, int64_t k
 
 // the same for AVX2: a tile's 16 lanes in two registers
 template <int ROWS, int NB>
-F32_AVX2 void f32_rows256(const float* x, const float* wp, float* y, int64_t k, int64_t ldy, int64_t t0,
+AVX2 void f32_rows256(const float* x, const float* wp, float* y, int64_t k, int64_t ldy, int64_t t0,
                           int64_t t1) {
   const int64_t tile = k * F32_COLS;
   int64_t t = t0;

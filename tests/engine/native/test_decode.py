@@ -1,6 +1,7 @@
 """The native decode step (engine/native/decode.py) against the Python layer loop on the real model:
 close logits, the same greedy answers, and rows that never depend on their batch mates or on the
-thread count. On a CPU with AVX512-BF16 the bfloat16 engine must run it (never a silent fallback)."""
+thread count, in each bfloat16 step this CPU runs (AVX512-BF16's, and AVX2 + FMA's on every CPU). The
+bfloat16 engine must run one (never a silent fallback)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from engine.engine import Engine
 from engine.fused import FusedLlamaRunner
 from engine.isa import cpu_flags
 from engine.models import load_model
-from engine.native.decode import NEEDED_FLAGS, unavailable_reason
+from engine.native.decode import AVX2_FLAGS, NEEDED_FLAGS, step_for, unavailable_reason
 
-HAS_CPU = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
-needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX512-BF16: the layer loop runs (stated)")
+HAS_CPU = all(flag in cpu_flags() for flag in AVX2_FLAGS)  # a bfloat16 step runs: AVX2 + FMA at least
+needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX2/FMA: the layer loop runs (stated)")
+HAS_WIDE = all(flag in cpu_flags() for flag in NEEDED_FLAGS)  # the AVX512-BF16 step and row passes
 
 PROMPTS = [
     "The capital of France is",
@@ -170,9 +172,9 @@ def test_long_context_attention_matches_the_layer_loop(runner, loaded_model):
 def test_the_engine_states_which_decode_step_runs():
     engine = Engine.from_config(EngineConfig(dtype="bfloat16", check_exact_reuse=False))
     try:
-        if HAS_CPU:  # on this CPU the native step and row passes must run, never a silent fallback
+        if HAS_CPU:  # on this CPU the native step (and with AVX512-BF16 the row passes) must run
             assert engine.stats()["decode"] == {"kernel": "native", "reason": None}
-            assert engine.stats()["prefill_rows"].startswith("native ")
+            assert engine.stats()["prefill_rows"].startswith("native ") is HAS_WIDE
         else:
             assert engine.stats()["decode"]["reason"].startswith("the CPU lacks")
             assert engine.stats()["prefill_rows"] == "torch"
@@ -203,6 +205,28 @@ def store_refusal(runner, dtype) -> str:
     with pytest.raises(RuntimeError) as refused:
         runner.native(x, cos[:, 0], sin[:, 0], [buffer], [0])
     return str(refused.value)
+
+
+@needs_cpu
+def test_each_step_the_cpu_runs_is_chosen_in_order_of_preference(monkeypatch):
+    assert step_for(torch.bfloat16).native_class == ("DecodeModel" if HAS_WIDE else "DecodeModelAvx2")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # a process narrowed to a CPU without AVX-512
+    assert step_for(torch.bfloat16).native_class == "DecodeModelAvx2"
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert "ATEN_CPU_CAPABILITY=default" in str(unavailable_reason(torch.bfloat16, True, True))
+
+
+@pytest.mark.skipif(not HAS_WIDE, reason="the CPU lacks AVX512-BF16: only the AVX2 step runs")
+def test_the_avx2_step_answers_as_the_avx512_one(runner, loaded_model, monkeypatch):
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    narrow = FusedLlamaRunner(runner.model)
+    assert narrow.native is not None and step_for(torch.bfloat16).native_class == "DecodeModelAvx2"
+    for text in PROMPTS:
+        ids = _prompt(loaded_model, text)
+        wide_tokens, wide_rows = _decode(runner, ids, 8, native=True)
+        narrow_tokens, narrow_rows = _decode(narrow, ids, 8, native=True)
+        assert wide_tokens == narrow_tokens, text
+        assert torch.nn.functional.cosine_similarity(wide_rows[0], narrow_rows[0], dim=0) > 0.999
 
 
 @needs_cpu

@@ -11,8 +11,9 @@ positions up to it alone, so a prompt computed whole or split anywhere, with any
 every row the same bits, and it reads half the scores. Their sums run in another order than torch's,
 so results are close to SDPA's, not equal (tests/engine/native/test_attention.py measures both).
 
-bfloat16 runs where the native decode step's bfloat16 CPU conditions hold and the KV store is
-bfloat16; a runner prefers it (:func:`preferred`) except on CPUs with AMX, where torch's kernel
+bfloat16 runs AVX512-BF16's kernel where the CPU has it, else the float32 kernel over the bfloat16
+queries, keys and values widened as they are read (its output rounded to bfloat16), over a bfloat16
+KV store; a runner prefers it (:func:`preferred`) except on CPUs with AMX, where torch's kernel
 multiplies in AMX tiles and the two were not measured against each other: there torch's kernel runs.
 float32 runs wherever AVX2 and FMA do, over a float32 KV store, and a runner always prefers it.
 (:meth:`NativeAttention.of` returns None where a kernel cannot run.)
@@ -50,15 +51,15 @@ class NativeAttention:
     def __init__(self, module: Any, dtype: torch.dtype = torch.bfloat16) -> None:
         self._module = module
         self.dtype = dtype  # of the queries and the KV store it reads
-        self._kernel = module.attend_rows if dtype == torch.bfloat16 else module.attend_rows_f32
+        wide = dtype == torch.bfloat16 and avx512_bf16_reason() is None
+        self._kernel = module.attend_rows if wide else module.attend_rows_f32
 
     @classmethod
     def of(cls, dtype: torch.dtype, head_dim: int) -> NativeAttention | None:
         """The kernel for ``dtype`` and ``head_dim`` on this machine, or None where it cannot run."""
         if dtype not in (torch.bfloat16, torch.float32) or head_dim not in HEAD_DIMS:
             return None
-        bfloat16 = dtype == torch.bfloat16  # its kernel is AVX512-BF16's only
-        if (avx512_bf16_reason() if bfloat16 else unavailable_reason(dtype, True, True)) is not None:
+        if unavailable_reason(torch.float32, True, True) is not None:  # AVX2 + FMA, whatever the dtype
             return None
         try:
             return cls(native_module(), dtype)

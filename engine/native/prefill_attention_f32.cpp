@@ -1,5 +1,7 @@
-// A prefill's causal attention in float32 (AVX2 + FMA): every query row over the keys up to its own
-// position, skipping the keys it cannot see.
+// A prefill's causal attention in float32 arithmetic (AVX2 + FMA): every query row over the keys up to
+// its own position, skipping the keys it cannot see. Queries, keys and values are float32, or
+// bfloat16 (on CPUs without AVX512-BF16: widened to float32 exactly as they are read, the output
+// rounded to bfloat16 once).
 //
 // Invariants (engine/native/attention.py states them for Python):
 //  * a row's result depends on its query, its position and the keys/values at positions <= it alone:
@@ -13,6 +15,7 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "bf16.h"
 #include "f32.h"
 
 #include <algorithm>
@@ -30,22 +33,34 @@ constexpr int NV = KEYS / 8;       // score vectors per block
 // One kv head's keys of blocks [b0, b1) transposed to kt[block][dim][key], zero past `keys`: a block's
 // scores are then eight vectors of eight keys, each summed over the dimensions with one broadcast query
 // element per step. Pure data movement.
-void transpose_keys(const float* k, int64_t d, int64_t keys, float* kt, int64_t b0, int64_t b1) {
+inline float widen(float x) { return x; }
+inline float widen(bf16 x) { return to_float(x); }
+
+template <typename T>
+void transpose_keys(const T* k, int64_t d, int64_t keys, float* kt, int64_t b0, int64_t b1) {
   for (int64_t b = b0; b < b1; ++b) {
     float* dst = kt + b * d * KEYS;
     for (int64_t j = 0; j < KEYS; ++j) {
       const int64_t key = b * KEYS + j;
       if (key < keys)
-        for (int64_t c = 0; c < d; ++c) dst[c * KEYS + j] = k[key * d + c];
+        for (int64_t c = 0; c < d; ++c) dst[c * KEYS + j] = widen(k[key * d + c]);
       else
         for (int64_t c = 0; c < d; ++c) dst[c * KEYS + j] = 0.f;
     }
   }
 }
 
-// One query row (position pos) of one head over its keys; D = head dim.
-template <int D>
-AVX2 void attend_row(const float* q, int64_t pos, const float* kt, const float* v, float scale, float* out) {
+AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+AVX2 inline __m256 load8(const bf16* p) { return load_bf16_8(p); }
+AVX2 inline void store8(float* p, __m256 x) { _mm256_storeu_ps(p, x); }
+AVX2 inline void store8(bf16* p, __m256 x) { store_bf16_8(p, x); }
+
+// One query row (position pos) of one head over its keys; D = head dim, T the queries', values' and
+// output's element type.
+template <int D, typename T>
+AVX2 void attend_row(const T* query, int64_t pos, const float* kt, const T* v, float scale, T* out) {
+  float q[D];
+  for (int c = 0; c < D; c += 8) _mm256_storeu_ps(q + c, load8(query + c));
   constexpr int VEC = D / 8;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   __m256 o[VEC];
@@ -92,28 +107,32 @@ AVX2 void attend_row(const float* q, int64_t pos, const float* kt, const float* 
       m = top;
     }
     l += hsum(sum);
-    const float* vb = v + b * KEYS * D;
+    const T* vb = v + b * KEYS * D;
     for (int j = 0; j < count; ++j) {  // the row's own keys, ascending
       const __m256 w = _mm256_set1_ps(e[j]);
-      for (int c = 0; c < VEC; ++c) o[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vb + j * D + 8 * c), o[c]);
+      for (int c = 0; c < VEC; ++c) o[c] = _mm256_fmadd_ps(w, load8(vb + j * D + 8 * c), o[c]);
     }
   }
   const __m256 inv = _mm256_set1_ps(1.f / l);
-  for (int c = 0; c < VEC; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(o[c], inv));
+  for (int c = 0; c < VEC; ++c) store8(out + 8 * c, _mm256_mul_ps(o[c], inv));
 }
 
-using RowFn = void (*)(const float*, int64_t, const float*, const float*, float, float*);
+template <typename T>
+void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const int64_t* pos,
+                double scale, torch::Tensor& out);
 
-// q [T, H, D], k/v [KVH, capacity, D] (one layer), positions [T] ascending -> [T, H * D]
+// q [T, H, D], k/v [KVH, capacity, D] (one layer), positions [T] ascending -> [T, H * D]; float32 or bf16
 torch::Tensor attend_rows_f32(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& positions, double scale) {
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && q.dim() == 3 && q.is_contiguous(), "q must be contiguous [T, H, D] float32");
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK((dtype == torch::kFloat32 || dtype == torch::kBFloat16) && q.dim() == 3 && q.is_contiguous(),
+              "q must be contiguous [T, H, D] float32 or bf16");
   const int64_t t = q.size(0), heads = q.size(1), d = q.size(2);
   TORCH_CHECK(d == 64 || d == 128, "head_dim must be 64 or 128, got ", d);
   for (const auto* kv : {&k, &v})
-    TORCH_CHECK(kv->scalar_type() == torch::kFloat32 && kv->dim() == 3 && kv->size(2) == d && kv->stride(2) == 1 &&
+    TORCH_CHECK(kv->scalar_type() == dtype && kv->dim() == 3 && kv->size(2) == d && kv->stride(2) == 1 &&
                     kv->stride(1) == d,
-                "k/v must be [KVH, capacity, D] float32 with contiguous rows");
+                "k/v must be [KVH, capacity, D] of q's dtype with contiguous rows");
   const int64_t kv_heads = k.size(0), group = heads / kv_heads;
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0 && v.size(0) == kv_heads, "heads must be a multiple of kv_heads");
   TORCH_CHECK(positions.scalar_type() == torch::kLong && positions.dim() == 1 && positions.numel() == t &&
@@ -127,10 +146,23 @@ torch::Tensor attend_rows_f32(const torch::Tensor& q, const torch::Tensor& k, co
     TORCH_CHECK(pos[i] >= 0 && (i == 0 || pos[i] > pos[i - 1]), "positions must be ascending and >= 0");
   const int64_t keys = pos[t - 1] + 1;
   TORCH_CHECK(keys <= k.size(1) && keys <= v.size(1), "positions reach past the KV buffer's capacity");
+  if (dtype == torch::kFloat32) attend_all<float>(q, k, v, pos, scale, out);
+  else attend_all<bf16>(q, k, v, pos, scale, out);
+  return out;
+}
+
+template <typename T>
+const T* elements(const torch::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr()); }
+
+template <typename T>
+void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const int64_t* pos,
+                double scale, torch::Tensor& out) {
+  const int64_t t = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = k.size(0), group = heads / kv_heads;
+  const int64_t keys = pos[t - 1] + 1;
   const int64_t blocks = (keys + KEYS - 1) / KEYS, block_floats = KEYS * d;
   std::vector<float> kt(size_t(kv_heads * blocks * block_floats));
-  const float* ks = k.data_ptr<float>();
-  const float* vs = v.data_ptr<float>();
+  const T* ks = elements<T>(k);
+  const T* vs = elements<T>(v);
   at::parallel_for(0, kv_heads * blocks, 1, [&](int64_t a, int64_t e) {
     while (a < e) {
       const int64_t g = a / blocks, b0 = a % blocks, b1 = std::min(blocks, b0 + (e - a));
@@ -138,9 +170,9 @@ torch::Tensor attend_rows_f32(const torch::Tensor& q, const torch::Tensor& k, co
       a += b1 - b0;
     }
   });
-  const RowFn row = d == 64 ? attend_row<64> : attend_row<128>;
-  const float* qs = q.data_ptr<float>();
-  float* os = out.data_ptr<float>();
+  const auto row = d == 64 ? attend_row<64, T> : attend_row<128, T>;
+  const T* qs = elements<T>(q);
+  T* os = reinterpret_cast<T*>(out.data_ptr());
   // items in zigzag row order (first, last, second, ...): contiguous thread ranges get equal work
   at::parallel_for(0, t * heads, 1, [&](int64_t a, int64_t b) {
     for (int64_t item = a; item < b; ++item) {
@@ -151,7 +183,6 @@ torch::Tensor attend_rows_f32(const torch::Tensor& q, const torch::Tensor& k, co
           os + i * heads * d + h * d);
     }
   });
-  return out;
 }
 
 }  // namespace

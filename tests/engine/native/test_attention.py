@@ -1,8 +1,9 @@
 """A prefill's native attention (engine/native/attention.py), in bfloat16 and float32: as close to
 exact attention as torch's kernel in that dtype is, every row's bits independent of the split, its
-batch mates and the thread count, keys past the last row never read; the bfloat16 runner uses it
-where the CPU has AVX512-BF16 and no AMX, the float32 runner wherever AVX2 and FMA run (every CPU
-this project runs on: no skip), and a prompt's answer matches the one torch's kernel gives."""
+batch mates and the thread count, keys past the last row never read, in each kernel the CPU runs
+(bfloat16: AVX512-BF16's, and the float32 kernel over widened bfloat16 on every CPU); the bfloat16
+runner uses it except on CPUs with AMX, the float32 runner always (every CPU this project runs on has
+AVX2 and FMA: no skip), and a prompt's answer matches the one torch's kernel gives."""
 
 from __future__ import annotations
 
@@ -19,22 +20,33 @@ from engine.native.attention import NativeAttention
 from engine.native.build import build_key
 from engine.native.decode import NEEDED_FLAGS
 
-HAS_CPU = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
-needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX512-BF16: torch's kernel runs")
+HAS_WIDE = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
+needs_wide = pytest.mark.skipif(
+    not HAS_WIDE, reason="the CPU lacks AVX512-BF16: the AVX2 kernel is the bfloat16 one"
+)
 HEADS, KV_HEADS, DIM, SCALE = 9, 3, 64, 0.125
+AMX = "amx_bf16" in cpu_flags()
 
-
-DTYPES = [
-    pytest.param(torch.bfloat16, marks=needs_cpu, id="bfloat16"),
-    pytest.param(torch.float32, id="float32"),
+# (dtype, the process narrowed to AVX2 while the kernel is chosen)
+KERNELS = [
+    pytest.param((torch.bfloat16, False), id="bfloat16"),
+    pytest.param((torch.bfloat16, True), marks=needs_wide, id="bfloat16-avx2"),
+    pytest.param((torch.float32, False), id="float32"),
 ]
 
 
-@pytest.fixture(scope="module", params=DTYPES)
-def attention(request) -> NativeAttention:
-    native = NativeAttention.of(request.param, DIM)
+def _kernel(dtype: torch.dtype, narrowed: bool) -> NativeAttention:
+    with pytest.MonkeyPatch.context() as patch:
+        if narrowed:
+            patch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+        native = NativeAttention.of(dtype, DIM)
     assert native is not None
     return native
+
+
+@pytest.fixture(scope="module", params=KERNELS)
+def attention(request) -> NativeAttention:
+    return _kernel(*request.param)
 
 
 def _inputs(
@@ -63,10 +75,9 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype)
     return out[0].transpose(0, 1).reshape(t, -1).float()
 
 
-@needs_cpu
-def test_as_close_to_exact_attention_as_torchs_bfloat16_kernel():
-    attention = NativeAttention.of(torch.bfloat16, DIM)
-    assert attention is not None
+@pytest.mark.parametrize("narrowed", [False, pytest.param(True, marks=needs_wide)])
+def test_as_close_to_exact_attention_as_torchs_bfloat16_kernel(narrowed):
+    attention = _kernel(torch.bfloat16, narrowed)
     q, k, v = _inputs(700)
     exact = _sdpa(q, k, v, torch.float32)
     native = attention(q, k, v, torch.arange(700), SCALE).float()
@@ -135,13 +146,12 @@ def test_runs_only_for_bfloat16_and_float32_at_the_head_dims_it_is_compiled_for(
     assert NativeAttention.of(torch.bfloat16, 96) is None and NativeAttention.of(torch.float32, 96) is None
 
 
-@needs_cpu
 def test_a_runner_prefers_it_except_where_the_cpu_has_amx():
-    chosen = FusedLlamaRunner(load_model(dtype="bfloat16").model).attention_kernel
-    assert chosen == ("torch" if "amx_bf16" in cpu_flags() else f"native {build_key()}")
+    runner = FusedLlamaRunner(load_model(dtype="bfloat16").model)
+    assert runner.attention_kernel == ("torch" if AMX else f"native {build_key()}")
+    assert runner.rows_exact is not AMX  # with the native Linears: no row is padded
 
 
-@needs_cpu
 def test_the_bfloat16_runner_answers_as_with_torchs_kernel():
     loaded = load_model(dtype="bfloat16")
     native = FusedLlamaRunner(loaded.model, native_attention=True)

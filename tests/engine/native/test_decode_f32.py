@@ -13,10 +13,10 @@ from engine.engine import Engine
 from engine.fused import FusedLlamaRunner
 from engine.isa import cpu_flags
 from engine.native import decode as native_decode
-from engine.native.decode import STEPS, NativeDecode, unavailable_reason
+from engine.native.decode import AVX2_FLAGS, NativeDecode, unavailable_reason
 from tests.engine.native.test_decode import PROMPTS, _decode, _prompt, store_refusal
 
-HAS_CPU = all(flag in cpu_flags() for flag in STEPS[torch.float32][1])
+HAS_CPU = all(flag in cpu_flags() for flag in AVX2_FLAGS)
 needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX2/FMA: the layer loop runs (stated)")
 
 

@@ -29,9 +29,7 @@ from engine.native.linear import (
 )
 
 HAS_CPU = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
-needs_cpu = pytest.mark.skipif(
-    not HAS_CPU, reason="the CPU lacks AVX512-BF16: the bfloat16 decode step is not built"
-)
+AMX = "amx_bf16" in cpu_flags()
 WIDTHS = (False, True) if HAS_CPU else (False,)  # the bfloat16 kernels this CPU runs: AVX2, AVX512-BF16
 # every CPU this project runs on has AVX2 and FMA (the float32 decode step needs them too): no skip
 HAS_AVX512 = "avx512f" in cpu_flags()
@@ -114,8 +112,7 @@ def test_a_runner_prefers_them_except_where_the_cpu_has_amx():
     amx = "amx_bf16" in cpu_flags()
     assert preferred(torch.bfloat16) is not amx and preferred(torch.float32)
     assert runner.linear_kernel == ("onednn" if amx else f"native {build_key()}")
-    # the native attention and Linears: no row is padded (the bfloat16 attention needs AVX512-BF16)
-    assert runner.rows_exact is (HAS_CPU and not amx)
+    assert runner.rows_exact is not amx  # the native attention and Linears: no row is padded
 
 
 def _prefilled_whole_and_split_alike(runner: FusedLlamaRunner, tokenizer) -> tuple[list[int], torch.Tensor]:
@@ -133,7 +130,6 @@ def _prefilled_whole_and_split_alike(runner: FusedLlamaRunner, tokenizer) -> tup
     return ids, logits
 
 
-@needs_cpu
 def test_the_runner_prefills_unpadded_rows_exactly_and_shares_the_packed_weights():
     loaded = load_model(dtype="bfloat16")
     runner = FusedLlamaRunner(loaded.model, native_linear=True, native_attention=True)
@@ -159,7 +155,7 @@ def test_a_process_narrowed_to_avx2_multiplies_bfloat16_on_avx2(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # this process narrowed to a CPU without AVX-512
     assert available(torch.bfloat16) and not wide_bfloat16()
     runner = FusedLlamaRunner(load_model(dtype="bfloat16").model, native_linear=True)
-    assert runner.tiled and not runner.lm_head._wide and not runner.rows_exact
+    assert runner.tiled and not runner.lm_head._wide and runner.rows_exact is not AMX
 
 
 def test_the_process_narrowed_below_avx2_keeps_torchs_tiles(monkeypatch):

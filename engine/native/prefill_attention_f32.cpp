@@ -55,66 +55,107 @@ AVX2 inline __m256 load8(const bf16* p) { return load_bf16_8(p); }
 AVX2 inline void store8(float* p, __m256 x) { _mm256_storeu_ps(p, x); }
 AVX2 inline void store8(bf16* p, __m256 x) { store_bf16_8(p, x); }
 
-// One query row (position pos) of one head over its keys; D = head dim, T the queries', values' and
-// output's element type.
-template <int D, typename T>
-AVX2 void attend_row(const T* query, int64_t pos, const float* kt, const T* v, float scale, T* out) {
-  float q[D];
-  for (int c = 0; c < D; c += 8) _mm256_storeu_ps(q + c, load8(query + c));
-  constexpr int VEC = D / 8;
+// NH query heads of one KV group at one row (position pos) over the group's keys; D = head dim, T the
+// queries', values' and output's element type; the heads' queries and outputs D apart. The heads
+// share the loads of keys and values; each head's arithmetic is the same for any NH (lane by lane
+// the same operations in the same order), so grouping never changes a bit.
+template <int D, typename T, int NH>
+AVX2 void attend_heads(const T* query, int64_t pos, const float* kt, const T* v, float scale, T* out) {
+  constexpr int VEC = D / 8, PART = 4;  // PART: key vectors (or value vectors) per pass, NH * PART sums in registers
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  __m256 o[VEC];
-  for (int c = 0; c < VEC; ++c) o[c] = _mm256_setzero_ps();
-  float m = neg_inf, l = 0.f;
-  alignas(32) float e[KEYS];
+  alignas(32) float q[NH][D], o[NH][D], s[NH][KEYS], e[NH][KEYS];
+  float m[NH], l[NH];
+  for (int hd = 0; hd < NH; ++hd) {
+    for (int c = 0; c < D; c += 8) {
+      _mm256_store_ps(q[hd] + c, load8(query + hd * D + c));
+      _mm256_store_ps(o[hd] + c, _mm256_setzero_ps());
+    }
+    m[hd] = neg_inf;
+    l[hd] = 0.f;
+  }
   const __m256 sc = _mm256_set1_ps(scale);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const int64_t last = pos / KEYS;
   for (int64_t b = 0; b <= last; ++b) {
     const float* kb = kt + b * D * KEYS;
-    __m256 s[NV];
-    for (int h = 0; h < NV; ++h) s[h] = _mm256_setzero_ps();
-    for (int d = 0; d < D; ++d) {
-      const __m256 qd = _mm256_broadcast_ss(q + d);
-      for (int h = 0; h < NV; ++h) s[h] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kb + d * KEYS + 8 * h), s[h]);
+    for (int part = 0; part < NV; part += PART) {  // scores: one chain per key over the dims in order
+      __m256 acc[NH][PART];
+      for (int hd = 0; hd < NH; ++hd)
+        for (int u = 0; u < PART; ++u) acc[hd][u] = _mm256_setzero_ps();
+      for (int d = 0; d < D; ++d) {
+        __m256 qd[NH];
+        for (int hd = 0; hd < NH; ++hd) qd[hd] = _mm256_broadcast_ss(q[hd] + d);
+        for (int u = 0; u < PART; ++u) {
+          const __m256 k = _mm256_loadu_ps(kb + d * KEYS + 8 * (part + u));
+          for (int hd = 0; hd < NH; ++hd) acc[hd][u] = _mm256_fmadd_ps(qd[hd], k, acc[hd][u]);
+        }
+      }
+      for (int hd = 0; hd < NH; ++hd)
+        for (int u = 0; u < PART; ++u) _mm256_store_ps(s[hd] + 8 * (part + u), acc[hd][u]);
     }
     // keys of this block the row sees: all of them but in the block holding its position
     const int count = int(std::min<int64_t>(KEYS, pos - b * KEYS + 1));
     const __m256i seen_n = _mm256_set1_epi32(count);
-    __m256 mx = _mm256_set1_ps(neg_inf);
-    for (int h = 0; h < NV; ++h) {
-      const __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(seen_n, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * h))));
-      s[h] = _mm256_blendv_ps(_mm256_set1_ps(neg_inf), _mm256_mul_ps(s[h], sc), seen);
-      mx = _mm256_max_ps(mx, s[h]);
+    for (int hd = 0; hd < NH; ++hd) {
+      __m256 sv[NV];
+      __m256 mx = _mm256_set1_ps(neg_inf);
+      for (int h = 0; h < NV; ++h) {
+        const __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(seen_n, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * h))));
+        sv[h] = _mm256_blendv_ps(_mm256_set1_ps(neg_inf), _mm256_mul_ps(_mm256_load_ps(s[hd] + 8 * h), sc), seen);
+        mx = _mm256_max_ps(mx, sv[h]);
+      }
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+      const float top = std::max(m[hd], _mm_cvtss_f32(m4));
+      const __m256 t = _mm256_set1_ps(top);
+      __m256 sum = _mm256_setzero_ps();
+      for (int h = 0; h < NV; ++h) {  // exp8 clamps -inf to e^-87: the masked lanes are zeroed after it
+        const __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(seen_n, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * h))));
+        const __m256 x = _mm256_and_ps(exp8(_mm256_sub_ps(sv[h], t)), seen);
+        sum = _mm256_add_ps(sum, x);
+        _mm256_store_ps(e[hd] + 8 * h, x);
+      }
+      if (top != m[hd]) {  // a new maximum: rescale what is summed so far (exp(-inf) = 0 at first)
+        const float shrink = std::exp(m[hd] - top);
+        l[hd] *= shrink;
+        const __m256 f = _mm256_set1_ps(shrink);
+        for (int c = 0; c < D; c += 8) _mm256_store_ps(o[hd] + c, _mm256_mul_ps(_mm256_load_ps(o[hd] + c), f));
+        m[hd] = top;
+      }
+      l[hd] += hsum(sum);
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float top = std::max(m, _mm_cvtss_f32(m4));
-    const __m256 t = _mm256_set1_ps(top);
-    __m256 sum = _mm256_setzero_ps();
-    for (int h = 0; h < NV; ++h) {  // exp8 clamps -inf to e^-87: the masked lanes are zeroed after it
-      const __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(seen_n, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * h))));
-      const __m256 x = _mm256_and_ps(exp8(_mm256_sub_ps(s[h], t)), seen);
-      sum = _mm256_add_ps(sum, x);
-      _mm256_store_ps(e + 8 * h, x);
-    }
-    if (top != m) {  // a new maximum: rescale what is summed so far (exp(-inf) = 0 at first)
-      const float shrink = std::exp(m - top);
-      l *= shrink;
-      const __m256 f = _mm256_set1_ps(shrink);
-      for (int c = 0; c < VEC; ++c) o[c] = _mm256_mul_ps(o[c], f);
-      m = top;
-    }
-    l += hsum(sum);
     const T* vb = v + b * KEYS * D;
-    for (int j = 0; j < count; ++j) {  // the row's own keys, ascending
-      const __m256 w = _mm256_set1_ps(e[j]);
-      for (int c = 0; c < VEC; ++c) o[c] = _mm256_fmadd_ps(w, load8(vb + j * D + 8 * c), o[c]);
+    for (int part = 0; part < VEC; part += PART) {  // values: the row's own keys, ascending, per lane
+      __m256 acc[NH][PART];
+      for (int hd = 0; hd < NH; ++hd)
+        for (int u = 0; u < PART; ++u) acc[hd][u] = _mm256_load_ps(o[hd] + 8 * (part + u));
+      for (int j = 0; j < count; ++j) {
+        __m256 w[NH];
+        for (int hd = 0; hd < NH; ++hd) w[hd] = _mm256_set1_ps(e[hd][j]);
+        for (int u = 0; u < PART; ++u) {
+          const __m256 x = load8(vb + j * D + 8 * (part + u));
+          for (int hd = 0; hd < NH; ++hd) acc[hd][u] = _mm256_fmadd_ps(w[hd], x, acc[hd][u]);
+        }
+      }
+      for (int hd = 0; hd < NH; ++hd)
+        for (int u = 0; u < PART; ++u) _mm256_store_ps(o[hd] + 8 * (part + u), acc[hd][u]);
     }
   }
-  const __m256 inv = _mm256_set1_ps(1.f / l);
-  for (int c = 0; c < VEC; ++c) store8(out + 8 * c, _mm256_mul_ps(o[c], inv));
+  for (int hd = 0; hd < NH; ++hd) {
+    const __m256 inv = _mm256_set1_ps(1.f / l[hd]);
+    for (int c = 0; c < D; c += 8) store8(out + hd * D + c, _mm256_mul_ps(_mm256_load_ps(o[hd] + c), inv));
+  }
+}
+
+template <typename T>
+using HeadsFn = void (*)(const T*, int64_t, const float*, const T*, float, T*);
+constexpr int64_t MAX_GROUP = 3;  // heads sharing one pass over their group's keys: NH * PART sums in 16 registers
+
+template <int D, typename T>
+HeadsFn<T> heads_kernel(int64_t n) {
+  const HeadsFn<T> table[MAX_GROUP + 1] = {nullptr, attend_heads<D, T, 1>, attend_heads<D, T, 2>, attend_heads<D, T, 3>};
+  return table[n];
 }
 
 template <typename T>
@@ -170,17 +211,21 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
       a += b1 - b0;
     }
   });
-  const auto row = d == 64 ? attend_row<64, T> : attend_row<128, T>;
   const T* qs = elements<T>(q);
   T* os = reinterpret_cast<T*>(out.data_ptr());
+  // a KV group's heads in batches that share its keys' loads, where the rows give each thread several
+  // items; else one head per item (the bits are the same either way)
+  const int64_t batch = t * kv_heads >= 4 * at::get_num_threads() ? std::min(group, MAX_GROUP) : 1;
+  const int64_t batches = (group + batch - 1) / batch, per_row = kv_heads * batches;
   // items in zigzag row order (first, last, second, ...): contiguous thread ranges get equal work
-  at::parallel_for(0, t * heads, 1, [&](int64_t a, int64_t b) {
+  at::parallel_for(0, t * per_row, 1, [&](int64_t a, int64_t b) {
     for (int64_t item = a; item < b; ++item) {
-      const int64_t z = item / heads, h = item % heads;
+      const int64_t z = item / per_row, g = item % per_row / batches, first = item % batches * batch;
       const int64_t i = z % 2 == 0 ? z / 2 : t - 1 - z / 2;
-      const int64_t g = h / group;
-      row(qs + (i * heads + h) * d, pos[i], kt.data() + g * blocks * block_floats, vs + g * v.stride(0), float(scale),
-          os + i * heads * d + h * d);
+      const int64_t h = g * group + first, n = std::min(batch, group - first);
+      const auto kernel = d == 64 ? heads_kernel<64, T>(n) : heads_kernel<128, T>(n);
+      kernel(qs + (i * heads + h) * d, pos[i], kt.data() + g * blocks * block_floats, vs + g * v.stride(0), float(scale),
+             os + i * heads * d + h * d);
     }
   });
 }

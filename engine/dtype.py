@@ -1,8 +1,9 @@
 """The compute dtype: ``"auto"`` picks bfloat16 where the CPU multiplies it natively, else float32.
 
 bfloat16 halves the bytes every decode step streams (weights and KV) and, on CPUs with AVX512-BF16
-or AMX-BF16, runs matmuls several times faster than float32; elsewhere oneDNN emulates it and it is
-slower than float32. vLLM's CPU backend makes the same choice. Reuse of cached KV is exact in either
+or AMX-BF16, runs matmuls several times faster than float32. Elsewhere it multiplies at float32's rate
+at best (engine.native widens it on AVX2 + FMA; torch alone emulates it, slower), so ``"auto"`` keeps
+the model's own precision there. vLLM's CPU backend makes the same choice. Reuse of cached KV is exact in either
 dtype (engine.row_tiles), and bfloat16's fidelity to float32 is measured in the benchmark report.
 
 Example:
@@ -59,8 +60,8 @@ def choose_dtype(requested: str, flags: dict[str, bool] | None = None) -> DTypeC
     if not present:
         return DTypeChoice(
             "float32",
-            "auto: this CPU has neither AMX-BF16 nor AVX512-BF16 (bfloat16 "
-            "matmuls would be emulated, slower than float32)",
+            "auto: this CPU has neither AMX-BF16 nor AVX512-BF16 (bfloat16 would "
+            "multiply at float32's rate at best, so the model's own precision)",
         )
     narrowed = [f"{name}={os.environ[name]}" for name in _NARROWING_ENV if os.environ.get(name)]
     if narrowed:
@@ -73,8 +74,8 @@ def choose_dtype(requested: str, flags: dict[str, bool] | None = None) -> DTypeC
 
 
 def bfloat16_emulated() -> str | None:
-    """Why bfloat16 matmuls would be emulated in this process (``"auto"`` picks float32), or None
-    where they run natively; the benchmark skips bfloat16 rows with this reason."""
+    """Why torch's bfloat16 matmuls would be emulated in this process (``"auto"`` picks float32), or
+    None where the CPU runs them natively."""
     auto = choose_dtype("auto")
     return None if auto.dtype == "bfloat16" else auto.reason.removeprefix("auto: ")
 

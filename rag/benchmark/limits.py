@@ -24,6 +24,7 @@ import torch
 
 from engine.dtype import bfloat16_emulated
 from engine.kv.codec import KVGeometry
+from engine.native import linear as native_linear
 from engine.quant.linear import int8_backend, integer_matmul, pack_for
 
 BUFFER_BYTES = 2 << 30  # larger than any last-level cache here (this project's VMs have up to 300 MB)
@@ -34,10 +35,13 @@ REPEATS = 5
 
 
 def bfloat16_not_run() -> str | None:
-    """Why the benchmark's bfloat16 rows do not run on this machine (None: they run): where bfloat16 is
-    emulated a prompt's prefill takes minutes, and ``dtype="auto"`` never computes in it."""
+    """Why the benchmark's bfloat16 rows do not run on this machine (None: they run): they run where
+    the CPU multiplies bfloat16 natively or engine.native's kernels widen it (AVX2 + FMA); where torch
+    emulates it a prompt's prefill takes minutes."""
     emulated = bfloat16_emulated()
-    return None if emulated is None else f"not run, {emulated}"
+    if emulated is None or native_linear.available(torch.bfloat16):
+        return None
+    return f"not run, {emulated} and the native kernels need AVX2 and FMA"
 
 
 def _best(fn: Callable[[], object], repeats: int) -> float:
@@ -55,16 +59,24 @@ def physical_limits(
 ) -> dict[str, Any]:
     """Memory bandwidth (GB/s: a read loop, a copy loop counting bytes read plus written) and the
     matmul peak (GFLOP/s, int8: GOP/s on the integer matmul int8 weights run on, absent where int8 is
-    refused) per dtype, at torch's current thread count."""
+    refused) per dtype, the faster of torch's matmul and the native Linear (``matmul_kernels``), at
+    torch's current thread count."""
     with torch.inference_mode():
         read_s, copy_s = _bandwidth(buffer_bytes, repeats)
         n = matmul_size
         peaks: dict[str, float] = {}
+        kernels: dict[str, str] = {}
         sizes = {"float32": n, "bfloat16": min(n, EMULATED_SIZE) if bfloat16_emulated() else n}
         for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
             m = sizes[name]
             a, b = torch.randn(m, m).to(dtype), torch.randn(m, m).to(dtype)
-            peaks[name] = 2 * m**3 / _best(_product(torch.matmul, a, b), repeats) / 1e9
+            peaks[name], kernels[name] = (
+                2 * m**3 / _best(_product(torch.matmul, a, b), repeats) / 1e9,
+                "torch",
+            )
+            native = _native_peak(dtype, n, repeats)
+            if native is not None and native > peaks[name]:
+                peaks[name], kernels[name], sizes[name] = native, "native", n
         backend = int8_backend()
         if backend is not None:  # the integer matmul int8 weights run on (engine.quant)
             a8 = torch.randint(-63, 64, (n, n), dtype=torch.int8)
@@ -78,7 +90,18 @@ def physical_limits(
         "matmul_size": matmul_size,
         "matmul_sizes": sizes,
         "matmul_gflops": peaks,
+        "matmul_kernels": kernels,
     }
+
+
+def _native_peak(dtype: torch.dtype, n: int, repeats: int) -> float | None:
+    """GFLOP/s of engine.native's tiled Linear on ``n x n`` operands (the kernel a prefill runs where
+    it is available, as on AVX2-only CPUs where torch emulates bfloat16), or None where it is not."""
+    if not native_linear.available(dtype):
+        return None
+    weight = native_linear.TiledLinear.of(torch.randn(n, n).to(dtype))
+    x = torch.randn(n, n).to(dtype)
+    return 2 * n**3 / _best(lambda: weight(x), repeats) / 1e9
 
 
 def _bandwidth(buffer_bytes: int, repeats: int) -> tuple[float, float]:

@@ -424,6 +424,8 @@ def _vllm_line(res: dict[str, Any]) -> str:
 def _peak(name: str, gflops: float, limits: dict[str, Any]) -> str:
     size = limits.get("matmul_sizes", {}).get(name, limits["matmul_size"])
     figure = f"{gflops:.0f}" if gflops >= 10 else f"{gflops:.1f}"
+    if limits.get("matmul_kernels", {}).get(name) == "native":
+        return f"{name} {figure} (engine.native's Linear, faster here than torch's matmul)"
     return f"{name} {figure}" + (
         f" ({size}-square: emulated on this CPU)" if size < limits["matmul_size"] else ""
     )

@@ -3,7 +3,8 @@
 Three parts, each system a server in its own subprocess (a crash is a line in the report):
 
 * **client rows**: the same client code (rag.benchmark.served) against every server: prefixrag at its
-  default dtype, in float32 and with int8 weights, and vLLM in bfloat16 at each thread binding tried
+  default dtype, in the other dtype (float32 where ``"auto"`` picks bfloat16, else bfloat16) and with
+  int8 weights, and vLLM in bfloat16 at each thread binding tried
   (its default, which on 2 cores computes on one and leaves the other to its API server, and every
   core); the better binding (a cold prompt plus a whole answer) is used below;
 * **vllm bench serve**: vLLM's own client against both servers, ``prefix_repetition`` and ``random``
@@ -29,10 +30,11 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.dtype import choose_dtype
 from engine.models import DEFAULT_MODEL, load_tokenizer, resolve_model_path
 from rag.benchmark.engine_bench import QUESTIONS, rag_context
 from rag.benchmark.served import PrefixragServer, client_figures
@@ -52,11 +54,8 @@ class VllmBenchConfig:
     decode_tokens: int = 64
     context_tokens: int = 1500
     bindings: tuple[str, ...] = ("auto", "0-1")
-    prefixrag_variants: tuple[tuple[tuple[str, str], ...], ...] = (
-        (),
-        (("dtype", "float32"),),
-        (("weights", "int8"),),
-    )
+    # prefixrag at its defaults, in the dtype "auto" does not pick here, and with int8 weights
+    prefixrag_variants: tuple[tuple[tuple[str, str], ...], ...] = field(default_factory=lambda: _variants())
     datasets: tuple[str, ...] = ("prefix_repetition", "random")
     concurrencies: tuple[int, ...] = (1, 4, 8)
     prompts_per_slot: int = 4  # vllm bench serve: num_prompts = max(8, this x concurrency)
@@ -84,6 +83,11 @@ class VllmBenchConfig:
             stream_requests=3,
             eager=True,
         )
+
+
+def _variants() -> tuple[tuple[tuple[str, str], ...], ...]:
+    other = "float32" if choose_dtype("auto").dtype == "bfloat16" else "bfloat16"
+    return ((), (("dtype", other),), (("weights", "int8"),))
 
 
 def run_vllm_bench(config: VllmBenchConfig, progress: Say | None = None) -> dict[str, Any]:

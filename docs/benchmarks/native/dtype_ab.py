@@ -55,7 +55,9 @@ def main() -> None:
     greedy = SamplingParams(max_tokens=24, temperature=0.0)
     same = 0
     for text in PROMPTS:
-        answers = [e.generate([{"role": "user", "content": text}], greedy).token_ids for e in engines.values()]
+        answers = [
+            e.generate([{"role": "user", "content": text}], greedy).token_ids for e in engines.values()
+        ]
         same += answers[0] == answers[1]
     print(f"identical 24-token greedy answers: {same} of {len(PROMPTS)}")
     for engine in engines.values():

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from engine import Engine, EngineConfig
+from engine.native import linear as native_linear
 from rag.api import Settings, create_app
 from rag.api.server import BackgroundServer
 from rag.benchmark.limits import physical_limits, shares
@@ -102,6 +104,9 @@ def test_physical_limits_are_measured():
     limits = physical_limits(buffer_bytes=32 << 20, matmul_size=128, repeats=1)
     assert limits["read_gb_s"] > 0 and limits["copy_gb_s"] > 0
     assert {"float32", "bfloat16"} <= set(limits["matmul_gflops"])
+    # each float peak names the kernel that reached it: torch's matmul, or the native Linear where it runs
+    for name, kernel in limits["matmul_kernels"].items():
+        assert kernel == "torch" or native_linear.available(getattr(torch, name))
     got = shares(
         {"decode_bytes": 3e8, "decode_s": 0.02, "prefill_flops": 4e11, "cold_s": 0.2}, limits, "bfloat16"
     )

@@ -54,6 +54,7 @@ from engine.llama_weights import (
 from engine.native.attention import NativeAttention, preferred
 from engine.native.build import NativeBuildError, build_key
 from engine.native.decode import NativeDecode, unavailable_reason
+from engine.native.int8 import Int8Tiled, int8_reason
 from engine.native.linear import TiledLinear
 from engine.native.linear import available as linear_available
 from engine.native.linear import preferred as linear_preferred
@@ -126,9 +127,10 @@ class FusedLlamaRunner:
         self.exact_head: tuple[torch.Tensor, torch.Tensor] | None = None
         self.packed = False  # the runner holds its own packed Linears (the model's own copies unused)
         self.tiled = False  # they are TiledLinears (engine.native.linear): row-exact at any row count
+        self.tiled_int8 = False  # int8 matrices as Int8Tiled (engine.native.int8)
         # decode in one native call (engine.native.decode); None: the layer loop, for native_reason
         self.native: NativeDecode | None = None
-        self.native_reason: str | None = "int8 weights run engine.quant's kernels"
+        self.native_reason: str | None = None
         # a prefill's norms, RoPE and SiLU * value in one native pass each (engine.native.rows)
         self.rows = NativeRows.of(self.dtype, self.eps) if native_rows else None
         # a prefill's attention, each row over its own keys (engine.native.attention; None: SDPA
@@ -138,6 +140,11 @@ class FusedLlamaRunner:
         if weights == "int8":
             self.exact_head = (self.final_norm, model.lm_head.weight)
             self.layers, self.final_norm, self.lm_head = int8_layers(model, tokenizer, self.dtype)
+            # int8 matrices in the native kernels' tiles (engine.native.int8), the same bits as
+            # engine.quant's: wherever they run, unless native_linear=False
+            if native_linear is not False and int8_reason() is None:
+                self._tile_int8()
+            self.native = self._native(native_decode, kv_codec)
         else:
             self.layers = [fuse_layer(layer) for layer in inner.layers]
             self.lm_head = model.lm_head.weight
@@ -178,16 +185,31 @@ class FusedLlamaRunner:
             batched_decode=True, int8_weights=weights == "int8", stitch_blocker=rotation_blocker(self.rotary)
         )
 
+    def _tile_int8(self) -> None:
+        for layer in self.layers:
+            for name in ("wqkv", "wo", "wgu", "wdown"):
+                weight = getattr(layer, name)
+                assert isinstance(weight, Int8Weight)
+                setattr(layer, name, Int8Tiled.of(weight))
+        assert isinstance(self.lm_head, Int8Weight)
+        self.lm_head = Int8Tiled.of(self.lm_head)
+        self.tiled_int8 = True
+
     def _native(self, wanted: bool, kv_codec: KVCodec | None) -> NativeDecode | None:
         identity = kv_codec is None or kv_codec.identity
         self.native_reason = (
-            unavailable_reason(self.dtype, True, identity) if wanted else "native_decode=False"
+            unavailable_reason(self.dtype, self.weights != "int8", identity)
+            if wanted
+            else "native_decode=False"
         )
         if self.native_reason is not None:
             return None
         geometry = (self.heads, self.kv_heads, self.head_dim)
+        head = self._rescored if self.weights == "int8" else None
         try:
-            return NativeDecode.of(self.layers, self.final_norm, self.lm_head, geometry, self.eps, self.scale)
+            return NativeDecode.of(
+                self.layers, self.final_norm, self.lm_head, geometry, self.eps, self.scale, head
+            )
         except NativeBuildError as exc:
             self.native_reason = str(exc)
             log.warning("decode runs the Python layer loop: %s", exc)
@@ -211,6 +233,8 @@ class FusedLlamaRunner:
         in row tiles."""
         if self.tiled:
             return f"native {build_key()}"
+        if self.tiled_int8:
+            return f"native int8 {build_key()}"
         return "int8" if self.weights == "int8" else "onednn" if self.packed else "torch"
 
     @property
@@ -247,6 +271,8 @@ class FusedLlamaRunner:
             return weight(x, bias)
         if isinstance(weight, Int8Weight):
             return int8_linear(x, weight, bias)
+        if isinstance(weight, Int8Tiled):  # int8_linear's bits
+            return weight(x, bias)
         # decode's few rows, or rows whose KV no cache holds: no row-exactness promised, one call
         if x.shape[0] < TILE or not (exact and self.exact_shapes):
             if isinstance(weight, PackedLinear):
@@ -317,10 +343,13 @@ class FusedLlamaRunner:
         if isinstance(self.lm_head, TiledLinear):  # float32 sums, as the native decode step's
             return self.lm_head.sums(normed)
         logits = self._linear(normed, self.lm_head).float()
-        if self.exact_head is not None:
-            norm, head = self.exact_head
-            logits = rescore_top(logits, self._norm(x, norm), head)
-        return logits
+        return logits if self.exact_head is None else self._rescored(logits, x)
+
+    def _rescored(self, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        # int8 logits [B, vocab] of hidden states x: their best candidates recomputed in float
+        assert self.exact_head is not None
+        norm, head = self.exact_head
+        return rescore_top(logits, self._norm(x, norm), head)
 
     def last_logits(self, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
         """Float32 logits ``[vocab]`` of the last row of ``x``, computed as one tile (alone where the

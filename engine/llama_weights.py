@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from engine.native.int8 import Int8Tiled
 from engine.native.linear import TiledLinear
 from engine.packed_linear import PackedLinear, packing_supported
 from engine.quant.linear import Int8Weight
@@ -27,7 +28,7 @@ from engine.runner import prefix_reuse_blocker
 SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2"})
 _FUSED_MARKER = "_prefixrag_fused_"  # module attribute holding the fused tensor its slices view
 # a Linear weight [out, in]: float, int8, or packed for oneDNN or for the native kernels
-Weight = torch.Tensor | Int8Weight | PackedLinear | TiledLinear
+Weight = torch.Tensor | Int8Weight | Int8Tiled | PackedLinear | TiledLinear
 
 
 @dataclass
@@ -133,12 +134,13 @@ def weight_bytes(held: list[Weight | None]) -> int:
     (a tied lm_head counts once)."""
     tensors: dict[int, int] = {}
     other = 0
-    for w in held:
-        if isinstance(w, TiledLinear):
-            w = w.tiles  # a tensor the native decode step holds too
+    flat: list[Weight | None] = []
+    for w in held:  # tensors the native decode step holds too count once
+        flat += w.parts if isinstance(w, Int8Tiled) else [w.tiles] if isinstance(w, TiledLinear) else [w]
+    for w in flat:
         if isinstance(w, (Int8Weight, PackedLinear)):
             other += w.nbytes
-        elif w is not None:
+        elif isinstance(w, torch.Tensor):
             tensors[w.untyped_storage().data_ptr()] = w.untyped_storage().nbytes()
     return other + sum(tensors.values())
 

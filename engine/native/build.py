@@ -42,6 +42,7 @@ SOURCES = tuple(
         "linear_tiles.cpp",
         "linear_tiles_f32.cpp",
         "prefill_attention_f32.cpp",
+        "linear_int8.cpp",
     )
 )
 FOLDER = Path(__file__).parent

@@ -32,7 +32,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,9 @@ from engine.isa import cpu_flags
 from engine.kv.state import KVBuffer
 from engine.llama_weights import LlamaLayer
 from engine.native.build import NativeBuildError, native_module
+from engine.native.int8 import Int8Tiled, int8_tiles
 from engine.native.linear import TiledLinear, pack_column_tiles, pack_float32_tiles, wide_float32
+from engine.quant.linear import Int8Weight
 
 NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")  # the AVX512-BF16 kernels
 AVX2_FLAGS = ("avx2", "fma")
@@ -69,6 +71,8 @@ class Step:
 
 
 AVX512_BF16 = Step("DecodeModel", NEEDED_FLAGS, NARROW_CAPABILITIES)
+# int8 weights: AVX512-VNNI's integer dot products around the AVX512-BF16 step's bfloat16 layers
+INT8 = Step("DecodeModelInt8", (*NEEDED_FLAGS, "avx512_vnni"), NARROW_CAPABILITIES)
 # per compute dtype, its steps in order of preference: the first that can run here runs
 STEPS: dict[torch.dtype, tuple[Step, ...]] = {
     torch.bfloat16: (AVX512_BF16, Step("DecodeModelAvx2", AVX2_FLAGS, ("default",))),
@@ -86,26 +90,36 @@ def unavailable_reason(dtype: torch.dtype, float_weights: bool, kv_identity: boo
     """Why no native step can run for these settings on this machine (None: one can)."""
     if dtype not in STEPS:
         return f"the compute dtype is {str(dtype).removeprefix('torch.')} (the native step is bfloat16 or float32)"
-    if not float_weights:
-        return "int8 weights run engine.quant's kernels"
     if not kv_identity:
         return "the KV format rounds keys and values (the native step stores the compute dtype)"
+    if not float_weights:
+        if dtype != torch.bfloat16:
+            return "the native int8 step computes its layers in bfloat16"
+        return INT8.unavailable_reason()
     reasons = [step.unavailable_reason() for step in STEPS[dtype]]
     return None if None in reasons else reasons[-1]  # the last step needs the least
 
 
-def step_for(dtype: torch.dtype) -> Step:
+def step_for(dtype: torch.dtype, float_weights: bool = True) -> Step:
     """The step that runs ``dtype`` here (raises NativeBuildError where none can)."""
-    for step in STEPS.get(dtype, ()):
+    for step in STEPS.get(dtype, ()) if float_weights else (INT8,) if dtype == torch.bfloat16 else ():
         if step.unavailable_reason() is None:
             return step
-    raise NativeBuildError(str(unavailable_reason(dtype, True, True)))
+    raise NativeBuildError(str(unavailable_reason(dtype, float_weights, True)))
 
 
+# (the step's float32 logits [B, vocab], its hidden states [B, hidden]) -> the logits to sample from
+Head = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 MATMULS = (2, 4, 6, 7)  # a layer row's wqkv, wo, wgu, wdown
 
 
-def _held(weight: torch.Tensor | TiledLinear, matmul: bool) -> torch.Tensor:
+def _held(
+    weight: torch.Tensor | TiledLinear | Int8Weight | Int8Tiled, matmul: bool
+) -> torch.Tensor | list[torch.Tensor]:
+    if isinstance(weight, Int8Tiled):  # the prefill's packed copy, held once, read by both
+        return weight.parts
+    if isinstance(weight, Int8Weight):
+        return int8_tiles(weight)
     if isinstance(weight, TiledLinear):  # the prefill's packed copy, held once, read by both
         return weight.tiles
     if not matmul:
@@ -116,9 +130,10 @@ def _held(weight: torch.Tensor | TiledLinear, matmul: bool) -> torch.Tensor:
 class NativeDecode:
     """The native decode step over one model's weights (the packed tiles a prefill reads, held, not copied)."""
 
-    def __init__(self, model: Any, held: list[torch.Tensor]) -> None:
+    def __init__(self, model: Any, held: list[torch.Tensor], head: Head | None = None) -> None:
         self._model = model
         self.held = held  # what the native object references: weight_bytes counts it
+        self._head = head  # int8: rescores the step's best logits from its hidden states
 
     @classmethod
     def of(
@@ -129,35 +144,44 @@ class NativeDecode:
         geometry: tuple[int, int, int],
         eps: float,
         scale: float,
+        head: Head | None = None,
     ) -> NativeDecode:
-        """Build over ``layers`` (plain tensors or :class:`TiledLinear`, before oneDNN packing); raises
-        NativeBuildError."""
+        """Build over ``layers`` (plain tensors or :class:`TiledLinear`, before oneDNN packing, or
+        int8 matrices); raises NativeBuildError. int8 layers need ``head``, which finishes the step's
+        logits from its hidden states (int8's rescoring)."""
         dtype = final_norm.dtype
-        step_for(dtype)  # one can run here
+        int8 = isinstance(layers[0].wqkv, (Int8Weight, Int8Tiled))
+        if int8 != (head is not None):
+            raise NativeBuildError("int8 layers, and only they, take a Python head for their logits")
+        native_class = step_for(dtype, float_weights=not int8).native_class  # one can run here
+        kinds = (Int8Weight, Int8Tiled) if int8 else (torch.Tensor, TiledLinear)
         empty = torch.empty(0, dtype=dtype)
         tensors = []
         for layer in layers:
             row = [layer.in_norm, layer.post_norm, layer.wqkv, layer.bqkv, layer.wo, layer.bo]
             row += [layer.wgu, layer.wdown]
             plain = [empty if t is None else t for t in row]
-            if not all(isinstance(t, (torch.Tensor, TiledLinear)) for t in plain):
-                raise NativeBuildError("the native step needs float weights")
+            if not all(isinstance(t, kinds) for i, t in enumerate(plain) if i in MATMULS):
+                raise NativeBuildError("the native step needs one weight format in every Linear")
             tensors.append([_held(t, i in MATMULS) for i, t in enumerate(plain)])  # type: ignore[arg-type]
-        if not isinstance(lm_head, (torch.Tensor, TiledLinear)):
-            raise NativeBuildError("the native step needs a float lm_head")
-        lm_head = _held(lm_head, True)
+        if isinstance(lm_head, kinds):
+            lm_head = _held(lm_head, True)
+        else:
+            raise NativeBuildError("the native step needs an lm_head in its Linears' format")
+        if dtype == torch.bfloat16:  # the bfloat16 steps take each entry as a list of tensors
+            tensors = [[t if isinstance(t, list) else [t] for t in row] for row in tensors]
+            lm_head = lm_head if isinstance(lm_head, list) else [lm_head]
         heads, kv_heads, head_dim = geometry
         module = native_module()
         width = (wide_float32(),) if dtype == torch.float32 else ()  # the same bits at either width
         try:
-            model = getattr(module, step_for(dtype).native_class)(
+            model = getattr(module, native_class)(
                 tensors, final_norm.detach().contiguous(), lm_head,
                 heads, kv_heads, head_dim, eps, scale, *width,
             )  # fmt: skip
         except RuntimeError as exc:  # a geometry the kernels do not cover
             raise NativeBuildError(str(exc)) from exc
-        held = [t for row in tensors for t in row] + [final_norm, lm_head]
-        return cls(model, held)
+        return cls(model, [*_flat(tensors), final_norm, *_flat([lm_head])], head)
 
     def __call__(
         self,
@@ -172,7 +196,20 @@ class NativeDecode:
         for buffer, past in zip(buffers, pasts):
             buffer.reserve(past + 1)
         stores = [b.stores() for b in buffers]
-        logits: torch.Tensor = self._model.step(
-            x, cos.contiguous(), sin.contiguous(), [k for k, _ in stores], [v for _, v in stores], list(pasts)
+        args = (
+            x,
+            cos.contiguous(),
+            sin.contiguous(),
+            [k for k, _ in stores],
+            [v for _, v in stores],
+            list(pasts),
         )
-        return logits
+        if self._head is None:
+            logits: torch.Tensor = self._model.step(*args)
+            return logits
+        return self._head(*self._model.step_and_hidden(*args))
+
+
+def _flat(items: Sequence[Any]) -> list[torch.Tensor]:
+    """Every tensor in nested lists."""
+    return [t for item in items for t in (_flat(item) if isinstance(item, list) else [item])]

@@ -15,6 +15,7 @@
 
 #include "bf16.h"
 #include "decode_avx2.h"
+#include "int8_matrix.h"
 #include "team.h"
 #include "tiles.h"
 
@@ -203,10 +204,6 @@ struct Avx2Kernels {
   static AttendFn attend(int64_t heads) { return avx2::ATTEND[heads]; }
 };
 
-struct Layer {
-  torch::Tensor in_norm, post_norm, wqkv, bqkv, wo, bo, wgu, wdown;
-};
-
 const bf16* ptr(const torch::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); }
 
 // a weight packed in column tiles [n / 16, k / 2, 16, 2]: its n and k
@@ -219,36 +216,80 @@ void check_tiles(const torch::Tensor& w, int64_t n, int64_t k) {
               "a weight must be bf16 packed in column tiles [", n, " / 16, ", k, " / 2, 16, 2]");
 }
 
-// A model's decode step over kernels K: weights held once, packed in column tiles as the prefill reads them.
-template <class K>
+// The Linears' weights a decode step multiplies by: a matrix is the list of tensors Python passes
+// for it (engine/native/decode.py), checked once against the shape the model expects.
+struct Bf16Matrices {  // bfloat16 column tiles, the prefill's packed copy
+  using Matrix = torch::Tensor;
+  static Matrix make(const std::vector<torch::Tensor>& parts, int64_t n, int64_t k) {
+    TORCH_CHECK(parts.size() == 1, "a bfloat16 matrix is one tensor of column tiles");
+    check_tiles(parts[0], n, k);
+    return parts[0];
+  }
+  static int64_t columns_of(const std::vector<torch::Tensor>& parts) { return columns(parts.at(0)); }
+  template <class K>
+  static void gemv(Team& team, const bf16* x, const Matrix& w, float* y, int64_t m) {
+    K::gemv(team, x, ptr(w), y, m, inputs(w), columns(w));
+  }
+};
+
+struct Int8Matrices {  // int8 digits in VNNI column tiles (int8_tiles.h), int8_linear's arithmetic
+  using Matrix = Int8Matrix;
+  static Matrix make(const std::vector<torch::Tensor>& parts, int64_t n, int64_t k) { return int8_matrix(parts, n, k); }
+  static int64_t columns_of(const std::vector<torch::Tensor>& parts) { return int8_columns(parts); }
+  template <class K>
+  static void gemv(Team& team, const bf16* x, const Matrix& w, float* y, int64_t m) {
+    thread_local QuantizedRows rows;
+    quantize_rows(x, m, w.tiles.k, w.levels, rows);
+    int8_linear_rows(team, rows, w.tiles, y, m, w.levels);
+  }
+};
+
+// A model's decode step over kernels K and matrices M: weights held once, in the form the prefill
+// reads them (bfloat16) or beside it (int8). ``step_and_hidden`` also returns the last layer's hidden
+// states (int8's logits are rescored from them in float, engine.quant.linear.rescore_top).
+template <class K, class M>
 class DecodeModel {
+  using Matrix = typename M::Matrix;
+  using Parts = std::vector<torch::Tensor>;
+  struct Layer {
+    torch::Tensor in_norm, post_norm, bqkv, bo;
+    Matrix wqkv, wo, wgu, wdown;
+  };
+
  public:
-  DecodeModel(std::vector<std::vector<torch::Tensor>> layers, torch::Tensor final_norm, torch::Tensor lm_head,
-              int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale)
-      : final_norm_(final_norm), lm_head_(lm_head), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
-        eps_(float(eps)), scale_(float(scale)) {
-    for (auto& l : layers) {
-      TORCH_CHECK(l.size() == 8, "a layer is 8 tensors (norms, wqkv, bqkv, wo, bo, wgu, wdown)");
-      layers_.push_back(Layer{l[0], l[1], l[2], l[3], l[4], l[5], l[6], l[7]});
-    }
-    hidden_ = inputs(lm_head);
-    inter_ = inputs(layers_[0].wdown);
+  // layers: per layer [in_norm], [post_norm], wqkv, [bqkv], wo, [bo], wgu, wdown, each a list of tensors
+  DecodeModel(std::vector<std::vector<Parts>> layers, torch::Tensor final_norm, Parts lm_head, int64_t heads,
+              int64_t kv_heads, int64_t head_dim, double eps, double scale)
+      : final_norm_(final_norm), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(float(eps)),
+        scale_(float(scale)) {
+    TORCH_CHECK(!layers.empty(), "a model has layers");
+    hidden_ = final_norm.numel();
+    TORCH_CHECK(layers[0].size() == 8 && layers[0][7].size() >= 1, "a layer is 8 entries");
+    const int64_t qkv_n = (heads_ + 2 * kv_heads_) * head_dim_;
+    inter_ = M::columns_of(layers[0][6]) / 2;
     TORCH_CHECK(head_dim_ % 32 == 0 && hidden_ % 32 == 0 && inter_ % 32 == 0 && head_dim_ <= 256 &&
                     heads_ % kv_heads_ == 0,
                 "native decode needs the head dim, hidden and intermediate sizes in multiples of 32");
-    const int64_t qkv_n = (heads_ + 2 * kv_heads_) * head_dim_;
-    check_tiles(lm_head_, columns(lm_head_), hidden_);
-    for (const Layer& L : layers_) {
-      check_tiles(L.wqkv, qkv_n, hidden_);
-      check_tiles(L.wo, hidden_, heads_ * head_dim_);
-      check_tiles(L.wgu, 2 * inter_, hidden_);
-      check_tiles(L.wdown, hidden_, inter_);
+    for (auto& l : layers) {
+      TORCH_CHECK(l.size() == 8, "a layer is 8 entries (norms, wqkv, bqkv, wo, bo, wgu, wdown)");
+      for (int i : {0, 1, 3, 5}) TORCH_CHECK(l[i].size() == 1, "a norm or bias entry is one tensor");
+      layers_.push_back(Layer{l[0][0], l[1][0], l[3][0], l[5][0], M::make(l[2], qkv_n, hidden_),
+                              M::make(l[4], hidden_, heads_ * head_dim_), M::make(l[6], 2 * inter_, hidden_),
+                              M::make(l[7], hidden_, inter_)});
     }
+    vocab_ = M::columns_of(lm_head);
+    lm_head_.push_back(M::make(lm_head, vocab_, hidden_));
+  }
+
+  torch::Tensor step(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> k_stores,
+                     std::vector<torch::Tensor> v_stores, std::vector<int64_t> pasts) {
+    return step_and_hidden(x, cos, sin, k_stores, v_stores, pasts)[0];
   }
 
   // x [m, hidden] bf16 embeddings of the new tokens, cos/sin [m, head_dim] bf16 at each row's
-  // position, k/v stores per row, pasts: each row's position. Returns float32 logits [m, vocab].
-  torch::Tensor step(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> k_stores,
+  // position, k/v stores per row, pasts: each row's position. Returns float32 logits [m, vocab] and
+  // the hidden states [m, hidden] bf16 before the final norm.
+  std::vector<torch::Tensor> step_and_hidden(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> k_stores,
                      std::vector<torch::Tensor> v_stores, std::vector<int64_t> pasts) {
     const int64_t m = x.size(0), h = hidden_, d = head_dim_;
     const int64_t qkv_n = (heads_ + 2 * kv_heads_) * d;
@@ -281,25 +322,23 @@ class DecodeModel {
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& L = layers_[li];
       for (int64_t i = 0; i < m; ++i) K::rms_norm(xs + i * h, ptr(L.in_norm), normed.data() + i * h, h, eps_);
-      K::gemv(team, normed.data(), ptr(L.wqkv), sums.data(), m, h, qkv_n);
+      M::template gemv<K>(team, normed.data(), L.wqkv, sums.data(), m);
       const bf16* bqkv = L.bqkv.numel() > 0 ? ptr(L.bqkv) : nullptr;
       for (int64_t i = 0; i < m; ++i) K::round_sums(sums.data() + i * qkv_n, bqkv, qkv.data() + i * qkv_n, qkv_n);
       rope(qkv.data(), cs, sn, m, qkv_n);
       write_kv(qkv.data(), k_stores, v_stores, pasts, li, qkv_n);
       attention(team, qkv.data(), k_stores, v_stores, pasts, li, qkv_n, longest, attn.data());
-      project_add(team, attn.data(), L.wo, L.bo, xs, sums.data(), m, heads_ * d, h);
+      project_add(team, attn.data(), L.wo, L.bo, xs, sums.data(), m, h);
       for (int64_t i = 0; i < m; ++i) K::rms_norm(xs + i * h, ptr(L.post_norm), normed.data() + i * h, h, eps_);
-      K::gemv(team, normed.data(), ptr(L.wgu), sums.data(), m, h, 2 * inter_);
+      M::template gemv<K>(team, normed.data(), L.wgu, sums.data(), m);
       for (int64_t i = 0; i < m; ++i) K::silu_mul(sums.data() + i * 2 * inter_, act.data() + i * inter_, inter_);
-      project_add(team, act.data(), L.wdown, no_bias_, xs, sums.data(), m, inter_, h);
+      project_add(team, act.data(), L.wdown, no_bias_, xs, sums.data(), m, h);
     }
     for (int64_t i = 0; i < m; ++i) K::rms_norm(xs + i * h, ptr(final_norm_), normed.data() + i * h, h, eps_);
-    const int64_t vocab = columns(lm_head_);
-    auto logits = torch::empty({m, vocab}, torch::kFloat32);
-    float* out = logits.data_ptr<float>();
-    K::gemv(team, normed.data(), ptr(lm_head_), out, m, h, vocab);
+    auto logits = torch::empty({m, vocab_}, torch::kFloat32);
     // the float32 sums, as the prefill's tiled lm_head gives them (engine.native.linear)
-    return logits;
+    M::template gemv<K>(team, normed.data(), lm_head_[0], logits.data_ptr<float>(), m);
+    return {logits, x};
   }
 
  private:
@@ -347,32 +386,36 @@ class DecodeModel {
   }
 
   // x += bf16(in @ w^T (+ bias)), each step rounded as the Python path rounds it
-  static void project_add(Team& team, const bf16* in, const torch::Tensor& w, const torch::Tensor& bias, bf16* x, float* sums,
-                          int64_t m, int64_t k, int64_t h) {
-    K::gemv(team, in, ptr(w), sums, m, k, h);
+  static void project_add(Team& team, const bf16* in, const Matrix& w, const torch::Tensor& bias, bf16* x, float* sums,
+                          int64_t m, int64_t h) {
+    M::template gemv<K>(team, in, w, sums, m);
     const bf16* b = bias.numel() > 0 ? ptr(bias) : nullptr;
     for (int64_t i = 0; i < m; ++i) K::add_sums(sums + i * h, b, x + i * h, h);
   }
 
   std::vector<Layer> layers_;
+  std::vector<Matrix> lm_head_;  // one: a Matrix has no empty state
   std::unique_ptr<Team> team_;
   std::mutex step_mutex_;
-  torch::Tensor final_norm_, lm_head_, no_bias_ = torch::empty({0}, torch::kBFloat16);
-  int64_t heads_, kv_heads_, head_dim_, hidden_ = 0, inter_ = 0;
+  torch::Tensor final_norm_, no_bias_ = torch::empty({0}, torch::kBFloat16);
+  int64_t heads_, kv_heads_, head_dim_, hidden_ = 0, inter_ = 0, vocab_ = 0;
   float eps_, scale_;
 };
 
 }  // namespace
 
-template <class K>
+template <class K, class M>
 void bind_model(pybind11::module_& mod, const char* name) {
-  pybind11::class_<DecodeModel<K>>(mod, name)
-      .def(pybind11::init<std::vector<std::vector<torch::Tensor>>, torch::Tensor, torch::Tensor, int64_t, int64_t,
-                          int64_t, double, double>())
-      .def("step", &DecodeModel<K>::step, pybind11::call_guard<pybind11::gil_scoped_release>());
+  using Parts = std::vector<torch::Tensor>;
+  pybind11::class_<DecodeModel<K, M>>(mod, name)
+      .def(pybind11::init<std::vector<std::vector<Parts>>, torch::Tensor, Parts, int64_t, int64_t, int64_t, double,
+                          double>())
+      .def("step", &DecodeModel<K, M>::step, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("step_and_hidden", &DecodeModel<K, M>::step_and_hidden, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 
 void bind_decode_step(pybind11::module_& mod) {
-  bind_model<Avx512Kernels>(mod, "DecodeModel");
-  bind_model<Avx2Kernels>(mod, "DecodeModelAvx2");
+  bind_model<Avx512Kernels, Bf16Matrices>(mod, "DecodeModel");
+  bind_model<Avx2Kernels, Bf16Matrices>(mod, "DecodeModelAvx2");
+  bind_model<Avx512Kernels, Int8Matrices>(mod, "DecodeModelInt8");
 }

@@ -8,6 +8,7 @@ void bind_prefill_attention(pybind11::module_& mod);
 void bind_prefill_attention_f32(pybind11::module_& mod);
 void bind_linear_tiles(pybind11::module_& mod);
 void bind_linear_tiles_f32(pybind11::module_& mod);
+void bind_linear_int8(pybind11::module_& mod);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   bind_decode_step(mod);
@@ -17,4 +18,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   bind_prefill_attention_f32(mod);
   bind_linear_tiles(mod);
   bind_linear_tiles_f32(mod);
+  bind_linear_int8(mod);
 }

@@ -24,6 +24,7 @@ from engine.native.decode import AVX2_FLAGS, NEEDED_FLAGS, step_for, unavailable
 HAS_CPU = all(flag in cpu_flags() for flag in AVX2_FLAGS)  # a bfloat16 step runs: AVX2 + FMA at least
 needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX2/FMA: the layer loop runs (stated)")
 HAS_WIDE = all(flag in cpu_flags() for flag in NEEDED_FLAGS)  # the AVX512-BF16 step and row passes
+HAS_INT8 = HAS_WIDE and "avx512_vnni" in cpu_flags()  # the int8 step (tests/engine/native/test_int8.py)
 
 PROMPTS = [
     "The capital of France is",
@@ -39,6 +40,7 @@ CLOSENESS_PROMPTS = PROMPTS + [
     "Q: What is 12 times 7?\nA:",
 ]
 CLOSENESS_STEPS = 24
+NEAR_TIE = 0.25  # logits this close are a tie under bfloat16's rounding noise (2 steps of 0.125 near 25)
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +191,9 @@ def test_the_engine_states_which_decode_step_runs():
 
 def test_unsupported_settings_say_why():
     assert "float16" in str(unavailable_reason(torch.float16, True, True))
-    assert "int8" in str(unavailable_reason(torch.bfloat16, False, True))
+    assert "bfloat16" in str(unavailable_reason(torch.float32, False, True))  # int8's step is bfloat16
+    int8 = unavailable_reason(torch.bfloat16, False, True)
+    assert int8 is None if HAS_INT8 else str(int8).startswith("the CPU lacks")
     assert "KV format" in str(unavailable_reason(torch.bfloat16, True, False))
     # settings it supports: runs where the CPU has the instructions, else names what the CPU lacks
     reason = unavailable_reason(torch.bfloat16, True, True)
@@ -221,12 +225,17 @@ def test_the_avx2_step_answers_as_the_avx512_one(runner, loaded_model, monkeypat
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     narrow = FusedLlamaRunner(runner.model)
     assert narrow.native is not None and step_for(torch.bfloat16).native_class == "DecodeModelAvx2"
+    # the two steps round where the loop rounds, with float32 sums in other orders (the AVX512-BF16
+    # instruction flushes denormals and pairs its products): close, not the same bits. Fed the same
+    # tokens, each choice is the wide step's or, where the two disagree, a near-tie of the wide step's
     for text in PROMPTS:
         ids = _prompt(loaded_model, text)
-        wide_tokens, wide_rows = _decode(runner, ids, 8, native=True)
-        narrow_tokens, narrow_rows = _decode(narrow, ids, 8, native=True)
-        assert wide_tokens == narrow_tokens, text
-        assert torch.nn.functional.cosine_similarity(wide_rows[0], narrow_rows[0], dim=0) > 0.999
+        tokens, wide_rows = _decode(runner, ids, 8, native=True)
+        narrow_rows = _forced(narrow, ids, tokens)
+        for wide, other in zip(wide_rows, narrow_rows):
+            assert torch.nn.functional.cosine_similarity(wide, other, dim=0) > 0.999, text
+            pick = int(other.argmax())
+            assert pick == int(wide.argmax()) or wide.max() - wide[pick] < NEAR_TIE, text
 
 
 @needs_cpu

@@ -20,9 +20,11 @@ In float32 (``decode_step_f32.cpp``, AVX2 and FMA: what ``dtype="auto"`` compute
 without bfloat16 matmuls, such as AMD EPYC Zen 2/3) the same layers run unrounded, with the same
 guarantees, over the float32 prefill's packed tiles (one copy of the weights; a row's Linear sums
 are the prefill's bits). A step runs where the CPU has the instructions of one of the compute
-dtype's steps (:data:`STEPS`, the first that can run), the weights are float, the KV format stores the compute dtype and decode is not
+dtype's steps (:data:`STEPS`, the first that can run), the KV format stores the compute dtype and decode is not
 ``batch_invariant`` (which runs a prefill's shapes instead); elsewhere :func:`unavailable_reason`
-says why and the Python loop runs.
+says why and the Python loop runs. int8 weights run :data:`INT8` (bfloat16 layers around
+engine.native.int8's kernels, which give engine.quant's int8_linear bits) where the CPU has
+AVX512-VNNI and AVX512-BF16.
 
 Example:
     >>> step = NativeDecode.of(layers, final_norm, lm_head, (9, 3, 64), eps, scale)  # doctest: +SKIP

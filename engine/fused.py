@@ -222,10 +222,11 @@ class FusedLlamaRunner:
 
     @property
     def rows_exact(self) -> bool:
-        """Whether a prefill's every kernel computes a row alone at any row count (the native Linears
-        and attention over a bfloat16 KV store): then no row is padded to a tile."""
+        """Whether a prefill's every kernel computes a row alone at any row count (the native Linears,
+        float or int8, and attention over a KV store in the compute dtype): then no row is padded to a
+        tile."""
         identity = self.kv_codec is None or self.kv_codec.identity
-        return self.tiled and self.attention is not None and identity
+        return (self.tiled or self.tiled_int8) and self.attention is not None and identity
 
     @property
     def linear_kernel(self) -> str:
@@ -354,7 +355,9 @@ class FusedLlamaRunner:
     def last_logits(self, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
         """Float32 logits ``[vocab]`` of the last row of ``x``, computed as one tile (alone where the
         lm_head is row-exact, or where ``exact`` is False: the row of a stitched prefill)."""
-        return self._logits(x[-1:] if self.tiled or not exact else pad_rows(x[-1:], TILE))[0]
+        return self._logits(x[-1:] if self.tiled or self.tiled_int8 or not exact else pad_rows(x[-1:], TILE))[
+            0
+        ]
 
     def embed_ids(self, token_ids: Sequence[int], rows: int = 0) -> torch.Tensor:
         """Hidden states ``[max(len, rows), hidden]`` of ``token_ids``, padded with token 0."""

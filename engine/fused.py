@@ -355,9 +355,8 @@ class FusedLlamaRunner:
     def last_logits(self, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
         """Float32 logits ``[vocab]`` of the last row of ``x``, computed as one tile (alone where the
         lm_head is row-exact, or where ``exact`` is False: the row of a stitched prefill)."""
-        return self._logits(x[-1:] if self.tiled or self.tiled_int8 or not exact else pad_rows(x[-1:], TILE))[
-            0
-        ]
+        alone = self.tiled or self.tiled_int8 or not exact
+        return self._logits(x[-1:] if alone else pad_rows(x[-1:], TILE))[0]
 
     def embed_ids(self, token_ids: Sequence[int], rows: int = 0) -> torch.Tensor:
         """Hidden states ``[max(len, rows), hidden]`` of ``token_ids``, padded with token 0."""

@@ -104,7 +104,8 @@ def unavailable_reason(dtype: torch.dtype, float_weights: bool, kv_identity: boo
 
 def step_for(dtype: torch.dtype, float_weights: bool = True) -> Step:
     """The step that runs ``dtype`` here (raises NativeBuildError where none can)."""
-    for step in STEPS.get(dtype, ()) if float_weights else (INT8,) if dtype == torch.bfloat16 else ():
+    int8_steps = (INT8,) if dtype == torch.bfloat16 else ()
+    for step in STEPS.get(dtype, ()) if float_weights else int8_steps:
         if step.unavailable_reason() is None:
             return step
     raise NativeBuildError(str(unavailable_reason(dtype, float_weights, True)))

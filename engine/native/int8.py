@@ -1,8 +1,8 @@
-"""int8 weights in the form the native decode step multiplies them (``int8_tiles.h``): the digits of
-engine.quant's per-channel int8 matrices packed in VNNI column tiles, beside the copy the prefill's
-int8 matmul reads.
+"""int8 weights in the form the native kernels multiply them (``int8_tiles.h``): the digits of
+engine.quant's per-channel int8 matrices packed in VNNI column tiles, read by a prefill's Linears
+(``linear_int8.cpp``) and the decode step alike.
 
-The step computes engine.quant.linear.int8_linear's arithmetic: the same activation digits, exact
+The kernels compute engine.quant.linear.int8_linear's arithmetic: the same activation digits, exact
 integer sums (the instruction multiplies unsigned bytes, so a digit enters as itself plus 128 and
 ``128 * sum_k w[c, k]`` is subtracted after), the digits combined in float64 and scaled back in
 float32 in the same order, so each row's outputs are int8_linear's bits.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.native.build import NativeBuildError, native_module
-from engine.quant.linear import FBGEMM_LEVELS, ONEDNN_LEVELS, Int8Weight
+from engine.quant.linear import FBGEMM_LEVELS, ONEDNN_LEVELS, Int8Weight, int8_backend
 
 TILE_COLUMNS = 16
 UNSIGNED_SHIFT = 128  # an activation digit a in [-127, 127] enters the unsigned-byte product as a + 128
@@ -86,4 +86,6 @@ def int8_reason() -> str | None:
     """Why the native int8 kernels cannot run in this process (None: they can)."""
     from engine.native.decode import INT8  # decode imports this module's packing
 
+    if int8_backend() != "onednn":  # fbgemm's packed weights keep no int8 matrix to tile
+        return f"the int8 weights are packed for {int8_backend()}, not held as oneDNN's int8 matrices"
     return INT8.unavailable_reason()

@@ -1,5 +1,6 @@
 // int8 Linear weights packed in tiles of 16 output columns for AVX512-VNNI, and the product that
-// reads them: the decode step's form of engine/quant/linear.py's int8_linear, to the bit.
+// reads them (a prefill's Linears, linear_int8.cpp, and the decode step): engine/quant/linear.py's
+// int8_linear, to the bit.
 //
 // Invariants: each row's activations are quantized as int8_linear quantizes them (a scale per row,
 // a coarse digit and its residual at twice the resolution); every integer sum is exact in int32 (so

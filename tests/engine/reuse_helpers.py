@@ -1,5 +1,6 @@
 """Cached against uncached runs of one runner, as the engine chunks and caches them, judged by what
-the engine states for that runner on this machine (engine.exact_reuse)."""
+the engine states for that runner on this machine (engine.exact_reuse); and batched against solo
+decode of one runner, which every runner promises bit for bit."""
 
 from __future__ import annotations
 
@@ -16,6 +17,23 @@ CHUNK = EngineConfig.model_fields["prefill_chunk_tokens"].default
 # where the engine states exact_reuse false, reuse differs by float rounding within these bounds on
 # the logits (README, "Exact reuse"), and the greedy token is the same
 ROUNDING_BOUND = {torch.float32: 1e-3, torch.bfloat16: 0.5}
+
+
+def assert_batched_equals_solo(runner, prompts: list[list[int]], steps: int = 3) -> None:
+    """A few decode steps of ``prompts`` as one batch give each row's solo logits to the bit (later
+    steps attend over KV the batched steps wrote)."""
+    capacity = max(len(p) for p in prompts) + steps + 1
+    batch = [runner.new_buffer(capacity) for _ in prompts]
+    solo = [runner.new_buffer(capacity) for _ in prompts]
+    tokens = []
+    for p, b, s in zip(prompts, batch, solo):
+        tokens.append(int(runner.prefill(p, b).argmax()))
+        runner.prefill(p, s)
+    for _ in range(steps):
+        rows = runner.decode_batch(tokens, batch)
+        alone = [runner.decode_step(t, s) for t, s in zip(tokens, solo)]
+        assert all(torch.equal(r, a) for r, a in zip(rows, alone))
+        tokens = [int(r.argmax()) for r in rows]
 
 
 def assert_as_stated(runner, reused: torch.Tensor, computed: torch.Tensor, what: str = "") -> None:

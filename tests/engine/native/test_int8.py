@@ -12,10 +12,12 @@ import torch
 from engine.fused import FusedLlamaRunner
 from engine.isa import cpu_flags
 from engine.models import load_model
+from engine.native import int8 as native_int8
 from engine.native.build import native_module
 from engine.native.decode import INT8
 from engine.native.int8 import Int8Tiled, int8_reason, int8_tiles, pack_int8_digits
 from engine.quant.linear import int8_linear, quantize_weight
+from tests.engine.reuse_helpers import assert_batched_equals_solo
 
 HAS_INT8 = all(flag in cpu_flags() for flag in INT8.flags)
 needs_int8 = pytest.mark.skipif(
@@ -109,21 +111,16 @@ def test_prefill_logits_are_engine_quants_bits_and_decode_answers_alike(
 
 @needs_int8
 def test_batched_native_decode_equals_solo(native_runner):
-    prompts = [
-        torch.randint(200, 40000, (n,), generator=torch.Generator().manual_seed(n)).tolist()
-        for n in (37, 5, 64)
-    ]
-    batch = [native_runner.new_buffer(96) for _ in prompts]
-    solo = [native_runner.new_buffer(96) for _ in prompts]
-    tokens = []
-    for p, b, s in zip(prompts, batch, solo):
-        tokens.append(int(native_runner.prefill(p, b).argmax()))
-        native_runner.prefill(p, s)
-    for _ in range(3):
-        rows = native_runner.decode_batch(tokens, batch)
-        alone = [native_runner.decode_step(t, s) for t, s in zip(tokens, solo)]
-        assert all(torch.equal(r, a) for r, a in zip(rows, alone))
-        tokens = [int(r.argmax()) for r in rows]
+    gen = torch.Generator().manual_seed(0)
+    assert_batched_equals_solo(
+        native_runner, [torch.randint(200, 40000, (n,), generator=gen).tolist() for n in (37, 5, 64)]
+    )
+
+
+def test_weights_without_onednn_digits_keep_engine_quants_kernels(monkeypatch):
+    # fbgemm's packed weights keep no int8 matrix to tile (oneDNN narrowed below VNNI, or forced)
+    monkeypatch.setattr(native_int8, "int8_backend", lambda: "fbgemm")
+    assert "fbgemm" in str(int8_reason())
 
 
 def test_where_the_kernels_cannot_run_the_runner_says_why(loaded_model):

@@ -7,6 +7,7 @@ import torch
 from engine import Engine, EngineConfig, SamplingParams
 from engine.fused import FusedLlamaRunner
 from engine.quant.linear import int8_backend
+from tests.engine.reuse_helpers import assert_batched_equals_solo
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
 
@@ -29,18 +30,7 @@ def _prompt(seed: int, n: int) -> list[int]:
 
 
 def test_batched_decode_equals_solo_decode(runner8):
-    prompts = [_prompt(i, n) for i, n in enumerate((37, 90, 5, 64))]
-    batch = [runner8.new_buffer(128) for _ in prompts]
-    solo = [runner8.new_buffer(128) for _ in prompts]
-    tokens = []
-    for p, b, s in zip(prompts, batch, solo):
-        tokens.append(int(runner8.prefill(p, b).argmax()))
-        runner8.prefill(p, s)
-    for _ in range(3):  # a few steps: later steps attend over KV the batched steps wrote
-        rows = runner8.decode_batch(tokens, batch)
-        alone = [runner8.decode_step(t, s) for t, s in zip(tokens, solo)]
-        assert all(torch.equal(r, a) for r, a in zip(rows, alone))
-        tokens = [int(r.argmax()) for r in rows]
+    assert_batched_equals_solo(runner8, [_prompt(i, n) for i, n in enumerate((37, 90, 5, 64))])
 
 
 ANSWERS = {  # question -> a word both weights formats answer with

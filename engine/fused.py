@@ -310,16 +310,30 @@ class FusedLlamaRunner:
         qk = self._rope(qkv[:, : (h + kvh) * d].view(-1, h + kvh, d), cos, sin)
         return qk[:, :h].contiguous(), qk[:, h:], qkv[:, (h + kvh) * d :].view(-1, kvh, d)
 
-    def _mlp(self, layer: LlamaLayer, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
-        gate_up = self._linear(self._norm(x, layer.post_norm), layer.wgu, exact=exact)
+    def _gated(self, layer: LlamaLayer, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
+        # x: [T, hidden] -> silu(gate) * up [T, intermediate] of its post-attention norm
+        normed = self._norm(x, layer.post_norm)
+        if self.rows is not None and isinstance(layer.wgu, TiledLinear):  # one native pass where it runs
+            return layer.wgu.glu(normed, self.rows.silu_mul)
+        gate_up = self._linear(normed, layer.wgu, exact=exact)
         if self.rows is not None:
-            return self._linear(self.rows.silu_mul(gate_up), layer.wdown, exact=exact)
+            return self.rows.silu_mul(gate_up)
         gate, value = gate_up.chunk(2, dim=-1)
-        return self._linear(F.silu(gate) * value, layer.wdown, exact=exact)
+        return F.silu(gate) * value
 
-    def _attn_out(self, layer: LlamaLayer, attn: torch.Tensor, exact: bool = True) -> torch.Tensor:
-        # attn: [T, H*D] -> [T, hidden] (o_proj)
-        return self._linear(attn, layer.wo, layer.bo, exact)
+    def _added(
+        self,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        weight: Weight,
+        bias: torch.Tensor | None = None,
+        exact: bool = True,
+    ) -> torch.Tensor:
+        # the residual stream x [T, hidden] plus the projection of h (o_proj, down_proj): the add in
+        # the native Linear's epilogue where it runs, the same bits as torch's add
+        if isinstance(weight, TiledLinear):
+            return weight(h, bias, residual=x)
+        return x + self._linear(h, weight, bias, exact)
 
     def _attend(
         self,
@@ -381,8 +395,8 @@ class FusedLlamaRunner:
             layer = self.layers[i]
             q, k, v = self._qkv(layer, x, cos, sin, exact)
             attention.write(i, *self.round_kv(k, v))
-            x = x + self._attn_out(layer, attention.attend(i, q), exact)
-            x = x + self._mlp(layer, x, exact)
+            x = self._added(x, attention.attend(i, q), layer.wo, layer.bo, exact)
+            x = self._added(x, self._gated(layer, x, exact), layer.wdown, exact=exact)
         return x
 
     def layer_kv(self, layer: int, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -420,9 +434,26 @@ class FusedLlamaRunner:
         positions = torch.arange(past, past + x.shape[0], device=self.device)
         tiles = self.attention_tiles if self.exact_shapes else None
         attention = PrefillAttention(buffer, past, s, tiles, self.scale, self.attention)
-        x = self.run_layers(x, positions, attention)
+        if self.rows_exact and attention.native is not None:  # no padding rows: the last is the prompt's
+            x = self.run_layers(x, positions, attention, range(self.num_layers - 1))
+            x = self._last_row(x, positions, attention)
+        else:
+            x = self.run_layers(x, positions, attention)
         buffer.set_length(past + s)
         return self.last_logits(x[:s])
+
+    def _last_row(
+        self, x: torch.Tensor, positions: torch.Tensor, attention: PrefillAttention
+    ) -> torch.Tensor:
+        """The last layer of a prefill whose kernels are row-exact: every row's K/V, then the output of the
+        last row alone ``[1, hidden]``, the only one the logits read (the bits it gets in the whole layer)."""
+        i = self.num_layers - 1
+        layer = self.layers[i]
+        cos, sin = self.rope(positions)
+        q, k, v = self._qkv(layer, x, cos, sin)
+        attention.write(i, *self.round_kv(k, v))
+        x = self._added(x[-1:], attention.attend_last(i, q[-1:]), layer.wo, layer.bo)
+        return self._added(x, self._gated(layer, x), layer.wdown)
 
     def prefill(self, token_ids: Sequence[int], buffer: KVBuffer) -> torch.Tensor:
         return self.forward(token_ids, buffer)

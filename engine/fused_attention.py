@@ -130,6 +130,14 @@ class PrefillAttention:
         self.k_store[layer, 0, :, p : p + s] = k[:s].transpose(0, 1)
         self.v_store[layer, 0, :, p : p + s] = v[:s].transpose(0, 1)
 
+    def attend_last(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """The output ``[1, H * D]`` of the call's last token alone (its query ``q [1, H, D]``), in the
+        native kernel: a row's result there never depends on the rows beside it, so these are the
+        bits :meth:`attend` gives that row."""
+        assert self.native is not None, "one row alone is the native kernel's row"
+        keys, values = self.k_store[layer, 0], self.v_store[layer, 0]
+        return self.native(q, keys, values, self.positions[-1:], self.scale)
+
     def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
             keys, values = self.k_store[layer, 0], self.v_store[layer, 0]

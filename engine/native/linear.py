@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -117,19 +118,43 @@ class TiledLinear:
     def nbytes(self) -> int:
         return self.tiles.numel() * self.tiles.element_size()
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``x @ w.T``, then ``+ bias``: in bfloat16 the sums rounded, then the bias added and rounded, as
-        torch's bfloat16 Linear and bias add."""
-        return self._call(x, x.new_empty(0) if bias is None else bias, False)
+        torch's bfloat16 Linear and bias add; then ``residual + `` that, as torch's add (in the
+        kernel's epilogue where it runs AVX512-BF16, the same bits)."""
+        bias = x.new_empty(0) if bias is None else bias
+        if residual is not None and not self._fuses:
+            return residual + self._call(x, bias, False)
+        return self._call(x, bias, False, residual)
 
     def sums(self, x: torch.Tensor) -> torch.Tensor:
         """The float32 sums ``x @ w.T``, unrounded (logits: bfloat16 would blur near-ties)."""
         return self._call(x, x.new_empty(0), True)
 
-    def _call(self, x: torch.Tensor, bias: torch.Tensor, sums: bool) -> torch.Tensor:
+    def glu(self, x: torch.Tensor, silu_mul: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``silu(gate) * up`` of a gate/up weight (the gate's rows first): in one native pass where the
+        kernel runs AVX512-BF16 (the bits of this Linear followed by engine.native.rows' SiLU * value),
+        else this Linear, then ``silu_mul``."""
+        if self._fuses:
+            out: torch.Tensor = self._module.linear_tiles_glu(x.contiguous(), self.tiles)  # type: ignore[attr-defined]
+            return out
+        return silu_mul(self(x))
+
+    @property
+    def _fuses(self) -> bool:
+        # the epilogues (residual add, SiLU * up) live in the AVX512-BF16 kernel
+        return self._wide and self.dtype == torch.bfloat16
+
+    def _call(
+        self, x: torch.Tensor, bias: torch.Tensor, sums: bool, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
         out: torch.Tensor
         if self.dtype == torch.float32:  # the sums are the result: nothing to round
             out = self._module.linear_tiles_f32(x.contiguous(), self.tiles, bias, self._wide)  # type: ignore[attr-defined]
+        elif residual is not None:  # in the epilogue: _fuses
+            out = self._module.linear_tiles_add(x.contiguous(), self.tiles, bias, residual.contiguous())  # type: ignore[attr-defined]
         else:
             out = self._module.linear_tiles(x.contiguous(), self.tiles, bias, sums, self._wide)  # type: ignore[attr-defined]
         return out

@@ -22,13 +22,27 @@ constexpr int64_t GRAIN_MACS = 1 << 18;  // a thread's least work: a smaller pro
 
 const bf16* in(const torch::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); }
 
-// y[rows, cols) = bf16(bf16(sums) (+ bias, rounded)), sums [rows, cols] float32, cols a multiple of 16
-AVX512 void round_block(const float* sums, const bf16* bias, bf16* y, int64_t rows, int64_t cols, int64_t ldy) {
+// y[rows, cols) = bf16(bf16(sums) (+ bias, rounded)), sums [rows, cols] float32, cols a multiple of 16;
+// with a residual (row stride ldy), bf16(residual + that): torch's bias add, then its residual add
+AVX512 void round_block(const float* sums, const bf16* bias, const bf16* residual, bf16* y, int64_t rows, int64_t cols,
+                        int64_t ldy) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < cols; j += 16) {
       __m512 v = round_bf16_ps(_mm512_loadu_ps(sums + r * cols + j));
       if (bias != nullptr) v = _mm512_add_ps(v, load_bf16(bias + j));
+      if (residual != nullptr) v = _mm512_add_ps(load_bf16(residual + r * ldy + j), round_bf16_ps(v));
       _mm256_storeu_si256((__m256i*)(y + r * ldy + j), pack_bf16(v));
+    }
+}
+
+// y[rows, cols) = bf16(bf16(silu(bf16(gate))) * bf16(up)) from the gate's and the up projection's float32
+// sums [rows, cols]: the rounded Linear outputs, then prefill_rows.cpp's SiLU * value, to the bit
+AVX512 void glu_block(const float* gate, const float* up, bf16* y, int64_t rows, int64_t cols, int64_t ldy) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; j += 16) {
+      const __m512 g = round_bf16_ps(_mm512_loadu_ps(gate + r * cols + j));
+      const __m512 u = round_bf16_ps(_mm512_loadu_ps(up + r * cols + j));
+      _mm256_storeu_si256((__m256i*)(y + r * ldy + j), pack_bf16(_mm512_mul_ps(round_bf16_ps(silu_ps(g)), u)));
     }
 }
 
@@ -75,23 +89,34 @@ torch::Tensor linear_tiles_avx2(const bf16* xs, const bf16* ws, const bf16* bs, 
   return y;
 }
 
-// wide: the AVX512-BF16 kernel; else the AVX2 + FMA one
-torch::Tensor linear_tiles(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool sums_out,
-                           bool wide) {
+void check_operands(const torch::Tensor& x, const torch::Tensor& w) {
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(), "x must be contiguous [rows, k] bf16");
   TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.dim() == 4 && w.is_contiguous() && w.size(2) == TILE_COLS &&
                   w.size(3) == 2 && w.size(1) * 2 == x.size(1),
               "the weight must be bf16 packed in column tiles [n / 16, k / 2, 16, 2] for x's k");
+}
+
+// wide: the AVX512-BF16 kernel; else the AVX2 + FMA one. A residual [m, n] bf16 (or undefined) is added
+// to the result (wide only), as torch's bfloat16 add after the Linear.
+torch::Tensor linear_tiles(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool sums_out,
+                           bool wide, const torch::Tensor& residual) {
+  check_operands(x, w);
   const int64_t m = x.size(0), k = x.size(1), tiles = w.size(0), n = tiles * TILE_COLS;
   TORCH_CHECK(bias.numel() == 0 || (bias.scalar_type() == torch::kBFloat16 && bias.numel() == n && bias.is_contiguous()),
               "the bias must be contiguous [n] bf16 (or empty)");
   TORCH_CHECK(!sums_out || bias.numel() == 0, "float32 sums take no bias");
+  const bool add = residual.defined();
+  TORCH_CHECK(!add || (residual.scalar_type() == torch::kBFloat16 && residual.dim() == 2 && residual.size(0) == m &&
+                       residual.size(1) == n && residual.is_contiguous()),
+              "the residual must be contiguous [rows, n] bf16");
+  TORCH_CHECK(!add || (wide && !sums_out), "a residual is added to the wide kernel's rounded outputs only");
   TORCH_CHECK(!wide || __builtin_cpu_supports("avx512bf16"), "wide=True needs AVX512-BF16");
   TORCH_CHECK(wide || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")),
               "the bfloat16 Linear needs AVX512-BF16, or AVX2 and FMA");
   auto y = torch::empty({m, n}, sums_out ? torch::kFloat32 : torch::kBFloat16);
   if (m == 0) return y;
   const bf16 *xs = in(x), *ws = in(w), *bs = bias.numel() > 0 ? in(bias) : nullptr;
+  const bf16* res = add ? in(residual) : nullptr;
   if (!wide) return linear_tiles_avx2(xs, ws, bs, y, m, k, tiles, sums_out);
   const int64_t grain = std::max<int64_t>(1, GRAIN_MACS / (m * k * TILE_COLS));
   if (sums_out) {  // straight into the output, row stride n
@@ -108,7 +133,38 @@ torch::Tensor linear_tiles(const torch::Tensor& x, const torch::Tensor& w, const
       for (int64_t i = 0; i < m; i += MAX_ROWS) {
         const int64_t rows = std::min(MAX_ROWS, m - i);
         TILE_ROWS[rows](xs + i * k, ws + t * k * TILE_COLS, sums.data(), k, cols, 0, span);
-        round_block(sums.data(), bs == nullptr ? nullptr : bs + t * TILE_COLS, ys + i * n + t * TILE_COLS, rows, cols, n);
+        round_block(sums.data(), bs == nullptr ? nullptr : bs + t * TILE_COLS, add ? res + i * n + t * TILE_COLS : nullptr,
+                    ys + i * n + t * TILE_COLS, rows, cols, n);
+      }
+    }
+  });
+  return y;
+}
+
+// The gate/up Linear of a SiLU-gated MLP and SiLU(gate) * up in one pass (wide only): w packs the
+// gate's n / 16 column tiles, then the up projection's; y [m, n] bf16. The same bits as linear_tiles
+// followed by prefill_rows.cpp's silu_mul, without writing the [m, 2n] projections out and reading
+// them back.
+torch::Tensor linear_tiles_glu(const torch::Tensor& x, const torch::Tensor& w) {
+  check_operands(x, w);
+  TORCH_CHECK(__builtin_cpu_supports("avx512bf16"), "the fused gate/up Linear needs AVX512-BF16");
+  TORCH_CHECK(w.size(0) % 2 == 0, "the gate/up weight must hold as many up as gate column tiles");
+  const int64_t m = x.size(0), k = x.size(1), half = w.size(0) / 2, n = half * TILE_COLS;
+  auto y = torch::empty({m, n}, torch::kBFloat16);
+  if (m == 0) return y;
+  const bf16 *xs = in(x), *ws = in(w);
+  bf16* ys = reinterpret_cast<bf16*>(y.data_ptr());
+  const int64_t grain = std::max<int64_t>(1, GRAIN_MACS / (2 * m * k * TILE_COLS));
+  at::parallel_for(0, half, grain, [&](int64_t a, int64_t b) {
+    const int64_t block = m <= MAX_ROWS ? b - a : BLOCK_TILES / 2;  // gate and up tiles together: one block
+    std::vector<float> gate(MAX_ROWS * block * TILE_COLS), up(gate.size());
+    for (int64_t t = a; t < b; t += block) {
+      const int64_t span = std::min(b, t + block) - t, cols = span * TILE_COLS;
+      for (int64_t i = 0; i < m; i += MAX_ROWS) {
+        const int64_t rows = std::min(MAX_ROWS, m - i);
+        TILE_ROWS[rows](xs + i * k, ws + t * k * TILE_COLS, gate.data(), k, cols, 0, span);
+        TILE_ROWS[rows](xs + i * k, ws + (half + t) * k * TILE_COLS, up.data(), k, cols, 0, span);
+        glu_block(gate.data(), up.data(), ys + i * n + t * TILE_COLS, rows, cols, n);
       }
     }
   });
@@ -118,5 +174,18 @@ torch::Tensor linear_tiles(const torch::Tensor& x, const torch::Tensor& w, const
 }  // namespace
 
 void bind_linear_tiles(pybind11::module_& mod) {
-  mod.def("linear_tiles", &linear_tiles, pybind11::call_guard<pybind11::gil_scoped_release>());
+  mod.def(
+      "linear_tiles",
+      [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, bool sums_out, bool wide) {
+        return linear_tiles(x, w, bias, sums_out, wide, torch::Tensor());
+      },
+      pybind11::call_guard<pybind11::gil_scoped_release>());
+  // residual + the rounded Linear (wide only)
+  mod.def(
+      "linear_tiles_add",
+      [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, const torch::Tensor& residual) {
+        return linear_tiles(x, w, bias, false, true, residual);
+      },
+      pybind11::call_guard<pybind11::gil_scoped_release>());
+  mod.def("linear_tiles_glu", &linear_tiles_glu, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

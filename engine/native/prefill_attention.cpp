@@ -25,7 +25,6 @@ using namespace prefixrag;
 
 constexpr int64_t KEYS = 64;  // keys per block: four score vectors, one online-softmax update
 static_assert(KEYS == 64, "a whole block's softmax sums four score vectors");
-constexpr int ROWS = 4;       // query rows per pass over a head's keys: 16 independent score sums
 
 // One kv head's keys and values as 32-bit words of bf16 pairs, block by block, zero past `keys`:
 //  kt[block][dim pair][key]: a block's scores summed pair of dimensions by pair (AVX512-BF16);
@@ -69,82 +68,139 @@ AVX512 void transpose_kv(const bf16* k, const bf16* v, int64_t d, int64_t keys, 
   }
 }
 
-// n <= R query rows of one head (positions pos[0..n), ascending) over their keys; D = head dim. A row's
-// arithmetic is the same for any R and batch mates (R = n: a tile of fewer rows computes no spare scores).
-// A block the row sees whole adds its values with bf16 weights (AVX512-BF16, as torch's kernel
-// rounds them); the block holding the row's position adds them in float32, its own keys only.
+// Query rows of one kv group, each (position, head) row with its own online-softmax state, over
+// their keys block by block. Per block: every row's scores against the block's keys (a register
+// tile of up to QK_ROWS rows x the block's 64 keys, written to scratch), each row's softmax update
+// alone, then the value sums of the rows that see the whole block (a register tile of up to
+// pv_rows<D> rows x D dims, their sums kept in scratch between blocks). A row's arithmetic (its dot
+// products in dimension order, its softmax, its value sums in key order) is the same whatever rows
+// share its tile, so the tiles buy speed (one load of a key or value vector feeds several rows) and
+// never change a bit.
+constexpr int QK_ROWS = 6;   // 6 rows x 4 score vectors + 4 key vectors + a broadcast: 29 registers
+constexpr int MAX_ROWS = 12;  // rows of an item: sharing a block's keys in L1
+
+template <int D>
+constexpr int pv_rows() { return D == 64 ? 6 : 3; }  // rows x D / 16 sums + their weights: <= 31 registers
+
+// scores s[r][0..64) = q_r . k_j (raw, unscaled) for R rows over block kb ([pair][64 keys])
 template <int D, int R>
-AVX512 void attend_tile(const bf16* const* qrow, const int64_t* pos, int n, const uint32_t* kt,
-                        const uint32_t* vt, const bf16* v, float scale, bf16* const* orow) {
-  constexpr int PAIRS = D / 2, VEC = D / 16, HALF = KEYS / 2, NV = KEYS / 16;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  __m512 o[R][VEC];
-  float m[R], l[R];
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_setzero_ps();
-    m[r] = neg_inf;
-    l[r] = 0.f;
+AVX512 void block_scores(const uint32_t* const* q32, const uint32_t* kb, float* s) {
+  constexpr int PAIRS = D / 2, NV = KEYS / 16;
+  __m512 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < NV; ++h) acc[r][h] = _mm512_setzero_ps();
+  for (int d = 0; d < PAIRS; ++d) {
+    __m512bh kk[NV];
+    for (int h = 0; h < NV; ++h) kk[h] = (__m512bh)_mm512_loadu_si512(kb + d * KEYS + 16 * h);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh qq = (__m512bh)_mm512_set1_epi32(int(q32[r][d]));
+      for (int h = 0; h < NV; ++h) acc[r][h] = _mm512_dpbf16_ps(acc[r][h], kk[h], qq);
+    }
   }
-  const uint32_t* q32[R];
-  for (int r = 0; r < R; ++r) q32[r] = reinterpret_cast<const uint32_t*>(qrow[r < n ? r : 0]);
-  alignas(64) float p[R][KEYS];
-  alignas(64) uint32_t pw[R][HALF];  // the weights as bf16 pairs
-  const int64_t last_block = pos[n - 1] / KEYS;
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < NV; ++h) _mm512_store_ps(s + r * KEYS + 16 * h, acc[r][h]);
+}
+
+// o[r] = o[r] * shrink[r] + sum over the block's key pairs of w[r][pair] . v[pair] (bf16 weights), R rows
+template <int D, int R>
+AVX512 void block_values(const uint32_t* vb, const uint32_t* const* w, const float* shrink, float* const* o) {
+  constexpr int VEC = D / 16, HALF = KEYS / 2;
+  __m512 acc[R][VEC];
+  for (int r = 0; r < R; ++r) {
+    const __m512 f = _mm512_set1_ps(shrink[r]);
+    for (int c = 0; c < VEC; ++c) acc[r][c] = _mm512_mul_ps(_mm512_load_ps(o[r] + 16 * c), f);
+  }
+  for (int j = 0; j < HALF; ++j) {
+    __m512bh ww[R];
+    for (int r = 0; r < R; ++r) ww[r] = (__m512bh)_mm512_set1_epi32(int(w[r][j]));
+    for (int c = 0; c < VEC; ++c) {
+      const __m512bh vv = (__m512bh)_mm512_loadu_si512(vb + j * D + 16 * c);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], vv, ww[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < VEC; ++c) _mm512_store_ps(o[r] + 16 * c, acc[r][c]);
+}
+
+template <int D>
+using ScoresFn = void (*)(const uint32_t* const*, const uint32_t*, float*);
+template <int D>
+using ValuesFn = void (*)(const uint32_t*, const uint32_t* const*, const float*, float* const*);
+
+template <int D>
+struct Kernels {
+  static constexpr ScoresFn<D> scores[QK_ROWS + 1] = {nullptr,          block_scores<D, 1>, block_scores<D, 2>,
+                                                      block_scores<D, 3>, block_scores<D, 4>, block_scores<D, 5>,
+                                                      block_scores<D, 6>};
+  static constexpr ValuesFn<D> values[7] = {nullptr,          block_values<D, 1>, block_values<D, 2>,
+                                            block_values<D, 3>, block_values<D, 4>, block_values<D, 5>,
+                                            block_values<D, 6>};
+};
+
+// One item: n <= MAX_ROWS rows, row r at position pos[r] (ascending in r) with query qrow[r], all of
+// one kv group (kt, vt its transposed blocks, v its plain values), writing orow[r].
+template <int D>
+AVX512 void attend_rows_item(int n, const bf16* const* qrow, const int64_t* pos, const uint32_t* kt,
+                             const uint32_t* vt, const bf16* v, float scale, bf16* const* orow) {
+  constexpr int PAIRS = D / 2, VEC = D / 16, HALF = KEYS / 2, NV = KEYS / 16, PV = pv_rows<D>();
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  alignas(64) float s[MAX_ROWS][KEYS];      // the block's raw scores, then (partial rows) float32 weights
+  alignas(64) uint32_t pw[MAX_ROWS][HALF];  // whole-block weights as bf16 pairs
+  alignas(64) float o[MAX_ROWS][D];         // value sums
+  alignas(64) float lsum[MAX_ROWS][16];     // softmax denominators, in 16 lanes
+  alignas(64) float m[16], top[16], shrink[MAX_ROWS];
+  const uint32_t* q32[MAX_ROWS];
+  for (int r = 0; r < 16; ++r) m[r] = r < n ? neg_inf : 0.f;  // lanes past n: finite, unused
+  for (int r = 0; r < n; ++r) {
+    q32[r] = reinterpret_cast<const uint32_t*>(qrow[r]);
+    for (int c = 0; c < D; ++c) o[r][c] = 0.f;
+    for (int c = 0; c < 16; ++c) lsum[r][c] = 0.f;
+  }
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   const __m512 sc = _mm512_set1_ps(scale);
+  const int64_t last_block = pos[n - 1] / KEYS;
   for (int64_t b = 0; b <= last_block; ++b) {
+    // rows ascend by position: those that see any of this block are a suffix [first, n), and those
+    // that see all of it a suffix [whole, n) of that
+    int first = 0, whole = 0;
+    while (first < n && pos[first] < b * KEYS) ++first;
+    whole = first;
+    while (whole < n && pos[whole] < b * KEYS + KEYS - 1) ++whole;
     const uint32_t* kb = kt + b * PAIRS * KEYS;
-    __m512 s[R][NV];
-    for (int r = 0; r < R; ++r)
-      for (int h = 0; h < NV; ++h) s[r][h] = _mm512_setzero_ps();
-    for (int d = 0; d < PAIRS; ++d) {
-      __m512bh kk[NV];
-      for (int h = 0; h < NV; ++h) kk[h] = (__m512bh)_mm512_loadu_si512(kb + d * KEYS + 16 * h);
-      for (int r = 0; r < R; ++r) {
-        __m512bh qq = (__m512bh)_mm512_set1_epi32(int(q32[r][d]));
-        for (int h = 0; h < NV; ++h) s[r][h] = _mm512_dpbf16_ps(s[r][h], kk[h], qq);
-      }
+    for (int r = first; r < n; r += QK_ROWS) {
+      const int rows = std::min(QK_ROWS, n - r);
+      Kernels<D>::scores[rows](q32 + r, kb, s[r]);
     }
-    int count[R];
-    for (int r = 0; r < R; ++r) {
-      const int64_t visible = r < n ? pos[r] - b * KEYS + 1 : 0;  // keys of this block the row sees
-      count[r] = int(visible < 0 ? 0 : (visible > KEYS ? KEYS : visible));
+    // whole rows: the new maximum, then every such row's rescale in one vector exp
+    for (int r = 0; r < 16; ++r) top[r] = m[r];
+    for (int r = whole; r < n; ++r) {
+      const __m512 mx = _mm512_max_ps(_mm512_max_ps(_mm512_load_ps(s[r]), _mm512_load_ps(s[r] + 16)),
+                                      _mm512_max_ps(_mm512_load_ps(s[r] + 32), _mm512_load_ps(s[r] + 48)));
+      top[r] = std::max(m[r], scale * _mm512_reduce_max_ps(mx));  // scale > 0
     }
-    // A row that sees the whole block (most blocks): no masks, and every such row's rescale in one
-    // vector exp. Which path a row takes depends on its own position alone, never on its tile mates.
-    alignas(64) float top[16] = {}, old[16] = {}, shrink[16];
-    for (int r = 0; r < R; ++r) {
-      if (count[r] != KEYS) continue;
-      // scale > 0: the largest scaled score is the largest score, scaled
-      const __m512 mx = _mm512_max_ps(_mm512_max_ps(s[r][0], s[r][1]), _mm512_max_ps(s[r][2], s[r][3]));
-      top[r] = std::max(m[r], scale * _mm512_reduce_max_ps(mx));
-      old[r] = m[r];
-    }
+    alignas(64) float f[16];
     // e^(-inf) on a row's first block: exp_ps clamps it to e^-87, a factor on sums that are still 0
-    _mm512_store_ps(shrink, exp_ps(_mm512_sub_ps(_mm512_load_ps(old), _mm512_load_ps(top))));
-    for (int r = 0; r < R; ++r) {
-      if (count[r] == KEYS) {
-        const __m512 t = _mm512_set1_ps(top[r]);
-        __m512 e[NV];
-        for (int h = 0; h < NV; ++h) e[h] = exp_le0_ps(_mm512_fmsub_ps(s[r][h], sc, t));
-        const __m512 f = _mm512_set1_ps(shrink[r]);
-        for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_mul_ps(o[r][c], f);
-        const __m512 sum = _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3]));
-        l[r] = l[r] * shrink[r] + _mm512_reduce_add_ps(sum);
-        m[r] = top[r];
-        for (int h = 0; h < NV; h += 2)
-          _mm512_store_si512(pw[r] + 8 * h, (__m512i)_mm512_cvtne2ps_pbh(e[h + 1], e[h]));
-        continue;
-      }
-      if (count[r] == 0) continue;
-      // the block holding the row's position: the keys past it masked out
-      const __m512i seen_n = _mm512_set1_epi32(count[r]);
+    _mm512_store_ps(f, exp_ps(_mm512_sub_ps(_mm512_load_ps(m), _mm512_load_ps(top))));
+    for (int r = whole; r < n; ++r) {
+      const __m512 t = _mm512_set1_ps(top[r]);
+      __m512 e[NV];
+      for (int h = 0; h < NV; ++h) e[h] = exp_le0_ps(_mm512_fmsub_ps(_mm512_load_ps(s[r] + 16 * h), sc, t));
+      const __m512 sum = _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3]));
+      _mm512_store_ps(lsum[r], _mm512_fmadd_ps(_mm512_load_ps(lsum[r]), _mm512_set1_ps(f[r]), sum));
+      m[r] = top[r];
+      shrink[r] = f[r];
+      for (int h = 0; h < NV; h += 2) _mm512_store_si512(pw[r] + 8 * h, (__m512i)_mm512_cvtne2ps_pbh(e[h + 1], e[h]));
+    }
+    // the rows whose position is in this block: the keys past it masked out, float32 weights
+    for (int r = first; r < whole; ++r) {
+      const int count = int(pos[r] - b * KEYS + 1);
+      const __m512i seen_n = _mm512_set1_epi32(count);
       __mmask16 seen[NV];
       __m512 x[NV];
       __m512 mx = _mm512_set1_ps(neg_inf);
       for (int h = 0; h < NV; ++h) {
         seen[h] = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(16 * h)), seen_n);
-        x[h] = _mm512_mask_mov_ps(_mm512_set1_ps(neg_inf), seen[h], _mm512_mul_ps(s[r][h], sc));
+        x[h] = _mm512_mask_mov_ps(_mm512_set1_ps(neg_inf), seen[h], _mm512_mul_ps(_mm512_load_ps(s[r] + 16 * h), sc));
         mx = _mm512_max_ps(mx, x[h]);
       }
       const float row_top = std::max(m[r], _mm512_reduce_max_ps(mx));
@@ -153,48 +209,47 @@ AVX512 void attend_tile(const bf16* const* qrow, const int64_t* pos, int n, cons
       for (int h = 0; h < NV; ++h) {
         const __m512 e = _mm512_maskz_mov_ps(seen[h], exp_ps(_mm512_sub_ps(x[h], t)));
         sum = _mm512_add_ps(sum, e);
-        _mm512_store_ps(p[r] + 16 * h, e);
+        _mm512_store_ps(s[r] + 16 * h, e);
       }
+      __m512 acc[VEC];
+      for (int c = 0; c < VEC; ++c) acc[c] = _mm512_load_ps(o[r] + 16 * c);
+      __m512 l = _mm512_load_ps(lsum[r]);
       if (row_top != m[r]) {  // a new maximum: rescale what is summed so far (exp(-inf) = 0 at first)
-        const float row_shrink = std::exp(m[r] - row_top);
-        l[r] *= row_shrink;
-        const __m512 f = _mm512_set1_ps(row_shrink);
-        for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_mul_ps(o[r][c], f);
+        const __m512 rf = _mm512_set1_ps(std::exp(m[r] - row_top));
+        l = _mm512_mul_ps(l, rf);
+        for (int c = 0; c < VEC; ++c) acc[c] = _mm512_mul_ps(acc[c], rf);
         m[r] = row_top;
       }
-      l[r] += _mm512_reduce_add_ps(sum);
+      _mm512_store_ps(lsum[r], _mm512_add_ps(l, sum));
+      for (int j = 0; j < count; ++j) {  // its own keys only
+        const bf16* vr = v + (b * KEYS + j) * D;
+        const __m512 w = _mm512_set1_ps(s[r][j]);
+        for (int c = 0; c < VEC; ++c) acc[c] = _mm512_fmadd_ps(w, load_bf16(vr + 16 * c), acc[c]);
+      }
+      for (int c = 0; c < VEC; ++c) _mm512_store_ps(o[r] + 16 * c, acc[c]);
     }
     const uint32_t* vb = vt + b * HALF * D;
-    for (int j = 0; j < HALF; ++j) {  // whole blocks: a pair of keys per step
-      __m512bh vv[VEC];
-      for (int c = 0; c < VEC; ++c) vv[c] = (__m512bh)_mm512_loadu_si512(vb + j * D + 16 * c);
-      for (int r = 0; r < R; ++r) {
-        if (count[r] != KEYS) continue;
-        const __m512bh w = (__m512bh)_mm512_set1_epi32(int(pw[r][j]));
-        for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_dpbf16_ps(o[r][c], vv[c], w);
+    for (int r = whole; r < n; r += PV) {
+      const int rows = std::min(PV, n - r);
+      const uint32_t* w[PV];
+      float* acc[PV];
+      for (int i = 0; i < rows; ++i) {
+        w[i] = pw[r + i];
+        acc[i] = o[r + i];
       }
-    }
-    for (int r = 0; r < R; ++r) {  // the block holding the row's position: its own keys only
-      if (count[r] == 0 || count[r] == KEYS) continue;
-      for (int j = 0; j < count[r]; ++j) {
-        const bf16* vr = v + (b * KEYS + j) * D;
-        const __m512 w = _mm512_set1_ps(p[r][j]);
-        for (int c = 0; c < VEC; ++c) o[r][c] = _mm512_fmadd_ps(w, load_bf16(vr + 16 * c), o[r][c]);
-      }
+      Kernels<D>::values[rows](vb, w, shrink + r, acc);
     }
   }
   for (int r = 0; r < n; ++r) {
-    const __m512 inv = _mm512_set1_ps(1.f / l[r]);
+    const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(_mm512_load_ps(lsum[r])));
     for (int c = 0; c < VEC; ++c)
-      _mm256_storeu_si256((__m256i*)(orow[r] + 16 * c), pack_bf16(_mm512_mul_ps(o[r][c], inv)));
+      _mm256_storeu_si256((__m256i*)(orow[r] + 16 * c), pack_bf16(_mm512_mul_ps(_mm512_load_ps(o[r] + 16 * c), inv)));
   }
 }
 
-using TileFn = void (*)(const bf16* const*, const int64_t*, int, const uint32_t*, const uint32_t*, const bf16*, float,
-                       bf16* const*);
-static_assert(ROWS == 4, "TILES lists a kernel per row count up to ROWS");
-const TileFn TILES[2][ROWS] = {{attend_tile<64, 1>, attend_tile<64, 2>, attend_tile<64, 3>, attend_tile<64, 4>},
-                               {attend_tile<128, 1>, attend_tile<128, 2>, attend_tile<128, 3>, attend_tile<128, 4>}};
+using ItemFn = void (*)(int, const bf16* const*, const int64_t*, const uint32_t*, const uint32_t*, const bf16*, float,
+                        bf16* const*);
+const ItemFn ITEMS[2] = {attend_rows_item<64>, attend_rows_item<128>};
 
 // q [T, H, D], k/v [KVH, capacity, D] (one layer), positions [T] ascending -> [T, H * D]
 torch::Tensor attend_rows(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -231,27 +286,36 @@ torch::Tensor attend_rows(const torch::Tensor& q, const torch::Tensor& k, const 
       a += b1 - b0;
     }
   });
-  const int64_t tiles = (t + ROWS - 1) / ROWS;
+  // An item: a tile of consecutive query rows x a set of one group's heads (its whole group, unless
+  // a few tiles would leave threads idle: then one head), at most MAX_ROWS rows.
+  const int64_t threads = at::get_num_threads();
+  const int64_t span = std::min<int64_t>(group, MAX_ROWS);
+  const int64_t group_heads = (t + MAX_ROWS - 1) / MAX_ROWS * kv_heads >= 8 * threads ? span : 1;
+  const int64_t per_tile = std::max<int64_t>(1, MAX_ROWS / group_heads);
+  const int64_t sets_per_group = (group + group_heads - 1) / group_heads;  // sets never straddle a group
+  const int64_t tiles = (t + per_tile - 1) / per_tile, head_sets = kv_heads * sets_per_group;
   const bf16* qs = reinterpret_cast<const bf16*>(q.data_ptr());
   bf16* os = reinterpret_cast<bf16*>(out.data_ptr());
   // items in zigzag tile order (first, last, second, ...): contiguous thread ranges get equal work
-  at::parallel_for(0, tiles * heads, 1, [&](int64_t a, int64_t b) {
-    for (int64_t item = a; item < b; ++item) {
-      const int64_t z = item / heads, h = item % heads;
+  at::parallel_for(0, tiles * head_sets, 1, [&](int64_t a, int64_t e) {
+    for (int64_t item = a; item < e; ++item) {
+      const int64_t z = item / head_sets, hs = item % head_sets;
       const int64_t tile = z % 2 == 0 ? z / 2 : tiles - 1 - z / 2;
-      const int64_t i0 = tile * ROWS;
-      const int n = int(std::min<int64_t>(ROWS, t - i0));
-      const int64_t g = h / group;
-      const bf16* qrow[ROWS];
-      bf16* orow[ROWS];
-      for (int r = 0; r < ROWS; ++r) {
-        const int64_t i = i0 + std::min(r, n - 1);
-        qrow[r] = qs + (i * heads + h) * d;
-        orow[r] = os + i * heads * d + h * d;
-      }
+      const int64_t i0 = tile * per_tile, rows_t = std::min(per_tile, t - i0);
+      const int64_t g = hs / sets_per_group, h0 = g * group + (hs % sets_per_group) * group_heads;
+      const int64_t hn = std::min(group_heads, g * group + group - h0);
+      const bf16* qrow[MAX_ROWS];
+      bf16* orow[MAX_ROWS];
+      int64_t rpos[MAX_ROWS];
+      int n = 0;
+      for (int64_t i = i0; i < i0 + rows_t; ++i)
+        for (int64_t h = h0; h < h0 + hn; ++h, ++n) {
+          qrow[n] = qs + (i * heads + h) * d;
+          orow[n] = os + i * heads * d + h * d;
+          rpos[n] = pos[i];
+        }
       const int64_t at = g * blocks * block_words;
-      const bf16* vg = vs + g * v.stride(0);
-      TILES[d == 64 ? 0 : 1][n - 1](qrow, pos + i0, n, kt.data() + at, vt.data() + at, vg, float(scale), orow);
+      ITEMS[d == 64 ? 0 : 1](n, qrow, rpos, kt.data() + at, vt.data() + at, vs + g * v.stride(0), float(scale), orow);
     }
   });
   return out;

@@ -122,6 +122,34 @@ def test_rows_at_explicit_positions_equal_each_row_alone(attention):
     assert torch.allclose(attention(q[:1], k, v, torch.tensor([399]), SCALE)[0].float(), exact, atol=0.02)
 
 
+@pytest.mark.parametrize(
+    "heads,kv_heads,dim", [(9, 3, 64), (4, 4, 128), (16, 1, 64), (8, 2, 128), (14, 7, 64)]
+)
+def test_any_group_geometry_gives_each_row_its_bits_alone(heads, kv_heads, dim):
+    # rows of a key/value group's heads share passes over its keys: in tiles of several positions, or
+    # one head at a time for a few rows; either way a row's bits are its own
+    native = NativeAttention.of(torch.bfloat16, dim)
+    assert native is not None
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(150, heads, dim, generator=gen).bfloat16()
+    k, v = (torch.randn(kv_heads, 160, dim, generator=gen).bfloat16() for _ in range(2))
+    whole = native(q, k, v, torch.arange(150), SCALE)
+    for i in (0, 63, 64, 149):
+        assert torch.equal(native(q[i : i + 1], k, v, torch.tensor([i]), SCALE), whole[i : i + 1])
+    few = native(q[140:], k, v, torch.arange(140, 150), SCALE)
+    assert torch.equal(few, whole[140:])
+    exact = _sdpa_geometry(q.float(), k.float(), v.float())
+    assert (whole.float() - exact).abs().max() < 0.05
+
+
+def _sdpa_geometry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    t = q.shape[0]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k[None, :, :t], v[None, :, :t], is_causal=True, scale=SCALE, enable_gqa=True
+    )
+    return out[0].transpose(0, 1).reshape(t, -1)
+
+
 def test_the_thread_count_never_changes_a_result(attention):
     q, k, v = _inputs(300, seed=2, dtype=attention.dtype)
     threads = torch.get_num_threads()

@@ -2,7 +2,9 @@
 kernel is, every row's bits independent of the rows beside it (so a prefill needs no row tiles), the
 bias added as torch adds it, float32 logits, in both bfloat16 kernels (AVX512-BF16, and AVX2 + FMA
 on every CPU); the bfloat16 runner uses them except on CPUs with AMX, prefills without padding where
-the native attention runs too, and shares their packed weights with the decode step.
+the native attention runs too (its last layer computing the last row alone), and shares their packed
+weights with the decode step; the residual add and SiLU * up in their epilogue give the separate
+operations' bits.
 float32: within a few float32 roundings of exact products, the same bits at AVX2 and AVX-512 width
 and whatever rows share the call; the float32 runner uses them wherever AVX2 and FMA run."""
 
@@ -15,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.fused import FusedLlamaRunner
+from engine.fused_attention import PrefillAttention
 from engine.isa import cpu_flags
 from engine.models import load_model
 from engine.native.build import NativeBuildError, build_key
@@ -27,6 +30,7 @@ from engine.native.linear import (
     preferred,
     wide_bfloat16,
 )
+from engine.native.rows import NativeRows
 
 HAS_CPU = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
 AMX = "amx_bf16" in cpu_flags()
@@ -97,6 +101,34 @@ def test_outputs_round_the_sums_and_add_the_bias_as_torch_does():
     assert torch.equal(linear(x, bias), linear(x) + bias)
 
 
+def test_the_residual_add_and_silu_gate_give_the_separate_operations_bits():
+    linear, x = TiledLinear.of(_weight(960, 576)), _rows(37)
+    residual, bias = torch.randn(37, 960).bfloat16(), torch.randn(960).bfloat16()
+    for b in (None, bias):
+        # in the AVX512-BF16 kernel's epilogue where it runs, else torch's add: the same bits
+        assert torch.equal(linear(x, b, residual=residual), residual + linear(x, b))
+    rows = NativeRows.of(torch.bfloat16, 1e-5) if HAS_CPU else None
+    silu_mul = rows.silu_mul if rows is not None else _torch_silu_mul
+    gate_up = TiledLinear.of(_weight(2 * 1536, 576))
+    for m in (1, 8, 37):
+        assert torch.equal(gate_up.glu(x[:m], silu_mul), silu_mul(gate_up(x[:m])))
+
+
+def _torch_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, value = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * value
+
+
+@pytest.mark.skipif(not HAS_CPU, reason="the epilogues are the AVX512-BF16 kernel's; AVX2 adds in torch")
+def test_the_epilogues_refuse_bad_operands_with_a_clear_error():
+    linear, x = TiledLinear.of(_weight()), _rows(4)
+    with pytest.raises(RuntimeError, match="residual must be contiguous"):
+        linear._module.linear_tiles_add(x, linear.tiles, x.new_empty(0), torch.zeros(4, 17).bfloat16())
+    odd = TiledLinear.of(_weight(48, 576))
+    with pytest.raises(RuntimeError, match="as many up as gate"):
+        odd._module.linear_tiles_glu(x, odd.tiles)
+
+
 def test_bad_inputs_are_a_clear_error():
     linear = TiledLinear.of(_weight())
     with pytest.raises(RuntimeError, match="column tiles"):
@@ -142,6 +174,23 @@ def test_the_runner_prefills_unpadded_rows_exactly_and_shares_the_packed_weights
     reference = plain.prefill(ids, plain.new_buffer(len(ids) + 1))
     assert int(logits.argmax()) == int(reference.argmax())
     assert F.cosine_similarity(logits, reference, dim=0) > 0.999
+
+
+def test_a_prefills_last_layer_computes_every_rows_kv_and_the_last_row_alone():
+    loaded = load_model(dtype="bfloat16")
+    runner = FusedLlamaRunner(loaded.model, native_linear=True, native_attention=True)
+    ids = loaded.tokenizer("Row-exact kernels: the last layer's other rows feed nothing.")["input_ids"]
+    pruned = runner.new_buffer(len(ids) + 1)
+    logits = runner.prefill(ids, pruned)
+    # the same prompt through every layer whole, every row's output computed
+    full = runner.new_buffer(len(ids) + 1)
+    full.ensure_storage(runner.kv_heads, runner.head_dim, runner.dtype, runner.device)
+    attention = PrefillAttention(full, 0, len(ids), None, runner.scale, runner.attention)
+    x = runner.run_layers(runner.embed_ids(ids), torch.arange(len(ids)), attention)
+    full.set_length(len(ids))
+    assert torch.equal(logits, runner.last_logits(x))
+    for a, b in zip(pruned.stores(), full.stores()):
+        assert torch.equal(a[:, :, :, : len(ids)], b[:, :, :, : len(ids)])
 
 
 def test_runners_over_one_model_share_one_packed_copy():

@@ -703,7 +703,7 @@ class Engine:
             elif len(req.output_ids) >= req.max_new_tokens:
                 finish = "length"
         if first:
-            req.events.put(
+            req.publish(
                 StreamEvent(
                     delta,
                     [token],
@@ -714,7 +714,7 @@ class Engine:
                 )
             )
         elif delta:
-            req.events.put(StreamEvent(delta, [token], req.id))
+            req.publish(StreamEvent(delta, [token], req.id))
         if finish:
             self._finish(req, finish)
 
@@ -739,7 +739,7 @@ class Engine:
         self._counters["completion_tokens"] += result.completion_tokens
         self._counters["stitched_tokens"] += result.stitched_tokens
         self._counters["recomputed_tokens"] += result.recomputed_tokens
-        req.events.put(StreamEvent(tail, [], req.id, finish_reason=reason, result=result))
+        req.publish(StreamEvent(tail, [], req.id, finish_reason=reason, result=result))
         req.done.set()
 
     def _fail(self, req: Request, exc: BaseException) -> None:
@@ -750,7 +750,7 @@ class Engine:
             self._prefilling = None
         self._release(req)
         self._counters["failed"] += 1
-        req.events.put(exc)
+        req.publish(exc)
         req.done.set()
 
     def _release(self, req: Request) -> None:

@@ -141,6 +141,15 @@ class Request:
     # Engine.score: tokens fed instead of sampled, and the log-probabilities seen before each
     forced_ids: list[int] | None = None
     scores: list[Any] = field(default_factory=list)
+    # called (on the worker's thread) after each event is queued: RequestStream.watch
+    listener: Callable[[], None] | None = None
+
+    def publish(self, item: StreamEvent | BaseException) -> None:
+        """Queue an event (or the error that ends the request) for its consumer, and tell a watcher."""
+        self.events.put(item)
+        listener = self.listener
+        if listener is not None:
+            listener()
 
     def phase(self, name: str, since: float) -> float:
         """Record the time since ``since`` under ``name``; return now."""
@@ -196,7 +205,31 @@ class RequestStream(Iterator[StreamEvent]):
     def __next__(self) -> StreamEvent:
         if self._finished:
             raise StopIteration
-        item = self.request.events.get()
+        return self._taken(self.request.events.get())
+
+    @property
+    def finished(self) -> bool:
+        """Whether the last event (or the error) has been taken: closing then has nothing to do."""
+        return self._finished
+
+    def watch(self, notify: Callable[[], None]) -> None:
+        """Call ``notify`` (from the engine's thread, so it must be quick and thread-safe, such as
+        ``loop.call_soon_threadsafe``) after each new event, and once now; then :meth:`poll` takes
+        the events without blocking: an asyncio consumer needs no thread of its own."""
+        self.request.listener = notify
+        notify()
+
+    def poll(self) -> StreamEvent | None:
+        """The next event if one is queued, else None; StopIteration after the last, as ``next``."""
+        if self._finished:
+            raise StopIteration
+        try:
+            item = self.request.events.get_nowait()
+        except queue.Empty:
+            return None
+        return self._taken(item)
+
+    def _taken(self, item: StreamEvent | BaseException) -> StreamEvent:
         if isinstance(item, BaseException):
             self._finished = True
             if isinstance(item, (QueueFullError, EngineError)):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 DEFAULT_MAX_TOKENS = 256  # an answer's length cap when nobody names one
@@ -78,32 +80,59 @@ def sample(
     generator: torch.Generator | None = None,
     history: Sequence[int] = (),
 ) -> int:
-    """Pick the next token from ``logits [vocab]`` (float32)."""
+    """Pick the next token from ``logits [vocab]`` (float32). The arithmetic over the vocabulary runs
+    on the calling thread, natively where it can (engine/native/sample.cpp), else in NumPy: torch would
+    split a 49k-entry operation across its thread pool, and in a server each such operation wakes the
+    pool's sleeping threads, several times the cost of the draw."""
     logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
+    plain = params.top_p == 1.0 and not 1 < params.top_k < logits.numel()
+    draw = _native_draw() if plain or params.greedy else None
+    if draw is not None:
+        u = 0.0 if params.greedy else float(torch.rand(1, generator=generator, dtype=torch.float64))
+        temperature = 0.0 if params.greedy else params.temperature
+        return int(draw(logits.detach().float().contiguous(), temperature, u))
     if params.greedy:
         return int(torch.argmax(logits))
     # shift so the best logit is 0, and scale in float64: a tiny temperature (1e-300 is valid) then
     # gives 0 and -inf, never inf - inf or 0 / 0 = nan (softmax itself is shift-invariant)
-    logits = (logits.double() - logits.max().double()) / params.temperature
-    if params.top_k > 0 and params.top_k < logits.numel():
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+    x = logits.detach().float().numpy().astype(np.float64)
+    x -= x.max()
+    with np.errstate(over="ignore"):  # a tiny temperature sends every other logit to -inf: intended
+        x /= params.temperature
+    if 0 < params.top_k < x.size:
+        kth = np.partition(x, x.size - params.top_k)[x.size - params.top_k]
+        x[x < kth] = -np.inf
+    probs = np.exp(x)  # unnormalised: the best token has mass 1
     if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        order = np.argsort(-probs, kind="stable")
+        ranked = probs[order]
+        before = np.cumsum(ranked) - ranked  # mass of the better tokens
         # keep the smallest set whose mass reaches top_p (always at least one token)
-        drop = cumulative - sorted_probs > params.top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        probs = probs / probs.sum()
+        ranked[before > params.top_p * probs.sum()] = 0.0
+        probs = np.zeros_like(probs)
+        probs[order] = ranked
     return _inverse_cdf(probs, generator)
 
 
-def _inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+@functools.cache
+def _native_draw() -> Callable[[torch.Tensor, float, float], int] | None:
+    """The native draw where it runs here (AVX2 and FMA, not narrowed away), else None."""
+    from engine.native.build import NativeBuildError, native_module
+    from engine.native.decode import unavailable_reason
+
+    if unavailable_reason(torch.float32, True, True) is not None:
+        return None
+    try:
+        draw: Callable[[torch.Tensor, float, float], int] = native_module().sample_row
+    except NativeBuildError:
+        return None
+    return draw
+
+
+def _inverse_cdf(probs: np.ndarray, generator: torch.Generator | None) -> int:
     """One draw from ``probs`` (float64, unnormalised): the first token whose cumulative mass exceeds
     a uniform draw (a zero-mass token never is): one cumulative sum, where torch.multinomial's
     draw over a whole vocabulary costs many times more."""
-    cumulative = torch.cumsum(probs, dim=0)
-    u = torch.rand(1, generator=generator, dtype=torch.float64) * cumulative[-1]
-    return min(int(torch.searchsorted(cumulative, u, right=True)), probs.numel() - 1)
+    cumulative = np.cumsum(probs)
+    u = float(torch.rand(1, generator=generator, dtype=torch.float64)) * cumulative[-1]
+    return min(int(np.searchsorted(cumulative, u, side="right")), probs.size - 1)

@@ -43,6 +43,7 @@ SOURCES = tuple(
         "linear_tiles_f32.cpp",
         "prefill_attention_f32.cpp",
         "linear_int8.cpp",
+        "sample.cpp",
     )
 )
 FOLDER = Path(__file__).parent

@@ -1,4 +1,5 @@
-// The native extension's Python module: the decode step, the prefill's row operations, attention and Linears.
+// The native extension's Python module: the decode step, the prefill's row operations, attention and
+// Linears, and the sampler's draw.
 #include <torch/extension.h>
 
 void bind_decode_step(pybind11::module_& mod);
@@ -9,6 +10,7 @@ void bind_prefill_attention_f32(pybind11::module_& mod);
 void bind_linear_tiles(pybind11::module_& mod);
 void bind_linear_tiles_f32(pybind11::module_& mod);
 void bind_linear_int8(pybind11::module_& mod);
+void bind_sample(pybind11::module_& mod);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   bind_decode_step(mod);
@@ -19,4 +21,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   bind_linear_tiles(mod);
   bind_linear_tiles_f32(mod);
   bind_linear_int8(mod);
+  bind_sample(mod);
 }

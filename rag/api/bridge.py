@@ -1,7 +1,10 @@
 """Bridge the engine's blocking iterators to asyncio without blocking the event loop.
 
-Each ``next()`` runs in a worker thread, so between items the iterator is suspended and owned by
-nobody; whatever ends the async iteration (the last item, an error, a client disconnect cancelling
+An engine stream tells the loop of each new event itself (``RequestStream.watch``: one
+``call_soon_threadsafe`` per event, from the engine's thread) and the loop takes it without blocking;
+any other iterator's ``next()`` runs in a worker thread (three thread hand-offs an item, each taking
+the interpreter lock, which at a token per stream per decode step slowed the engine's own thread).
+Between items the iterator is suspended and owned by nobody; whatever ends the async iteration (the last item, an error, a client disconnect cancelling
 the task, ``aclose()``), the ``finally`` closes the blocking iterator in a worker thread, shielded
 from cancellation. Closing an engine stream cancels its request and waits until the request has
 released its cache lock, so a client that goes away never leaves a locked prefix behind.
@@ -9,6 +12,7 @@ released its cache lock, so a client that goes away never leaves a locked prefix
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from contextlib import suppress
 from typing import Any, TypeVar, cast
@@ -17,6 +21,8 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
+
+from engine.request import RequestStream
 
 T = TypeVar("T")
 _END = object()
@@ -39,14 +45,41 @@ async def iterate_in_thread(
     try:
         for early in taken:
             yield early
+        if isinstance(it, RequestStream):
+            async for event in _watched(it):
+                yield cast(T, event)
+            return
         while True:
             item = await anyio.to_thread.run_sync(next, it, _END, limiter=limiter)
             if item is _END:
                 return
             yield cast(T, item)
     finally:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(close_quietly, it, limiter=limiter)
+        if not (isinstance(it, RequestStream) and it.finished):  # a finished stream holds nothing
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(close_quietly, it, limiter=limiter)
+
+
+async def _watched(stream: RequestStream) -> AsyncGenerator[Any, None]:
+    """An engine stream's events as the engine queues them, taken on the loop without blocking."""
+    loop = asyncio.get_running_loop()
+    ready = asyncio.Event()
+
+    def notify() -> None:  # on the engine's thread
+        with suppress(RuntimeError):  # the loop closed: nobody is listening any more
+            loop.call_soon_threadsafe(ready.set)
+
+    stream.watch(notify)
+    while True:
+        try:
+            event = stream.poll()
+        except StopIteration:
+            return
+        if event is None:
+            await ready.wait()
+            ready.clear()  # an event queued since is polled next, and its set() wakes a later wait
+            continue
+        yield event
 
 
 def close_quietly(it: Iterator[Any]) -> None:

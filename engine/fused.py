@@ -349,6 +349,11 @@ class FusedLlamaRunner:
         """K/V as the cache stores them (rounded through the KV format; unchanged for float32)."""
         return self.kv_format(k), self.kv_format(v)
 
+    @property
+    def kv_format_identity(self) -> bool:
+        """Whether the KV format stores keys and values as computed (``kv_format`` changes nothing)."""
+        return self._kv_round is None
+
     def kv_format(self, x: torch.Tensor) -> torch.Tensor:
         """Keys or values rounded through the cache's KV format (unchanged for float32)."""
         return x if self._kv_round is None else self._kv_round(x)

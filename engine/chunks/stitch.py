@@ -38,6 +38,8 @@ from engine.chunks.selection import StitchContext, selector
 from engine.fused import FusedLlamaRunner
 from engine.fused_attention import PositionsAttention
 from engine.kv.state import KVBuffer, KVSegment
+from engine.native.key_rotation import DTYPES as NATIVE_DTYPES
+from engine.native.key_rotation import native_rotation
 
 
 def rotation(runner: FusedLlamaRunner, delta: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,6 +64,10 @@ def place_run(runner: FusedLlamaRunner, buffer: KVBuffer, run: ReusedRun, segmen
     k_store, _ = buffer.stores()
     cos, sin = rotation(runner, run.delta)
     keys = k_store[:, 0, :, run.start : run.end]  # [layers, kv_heads, n, head_dim]
+    native = native_rotation()
+    if native is not None and runner.kv_format_identity and keys.dtype in NATIVE_DTYPES:
+        native(keys, cos.contiguous(), sin.contiguous())  # rotate_keys' bits, in one call
+        return
     # rounded through the KV format, as the runner's own writes are
     keys.copy_(runner.kv_format(rotate_keys(keys, cos, sin)))
 

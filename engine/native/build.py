@@ -44,6 +44,7 @@ SOURCES = tuple(
         "prefill_attention_f32.cpp",
         "linear_int8.cpp",
         "sample.cpp",
+        "key_rotation.cpp",
     )
 )
 FOLDER = Path(__file__).parent

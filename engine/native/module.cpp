@@ -1,5 +1,5 @@
 // The native extension's Python module: the decode step, the prefill's row operations, attention and
-// Linears, and the sampler's draw.
+// Linears, the sampler's draw, and a reused chunk's key rotation.
 #include <torch/extension.h>
 
 void bind_decode_step(pybind11::module_& mod);
@@ -11,6 +11,7 @@ void bind_linear_tiles(pybind11::module_& mod);
 void bind_linear_tiles_f32(pybind11::module_& mod);
 void bind_linear_int8(pybind11::module_& mod);
 void bind_sample(pybind11::module_& mod);
+void bind_key_rotation(pybind11::module_& mod);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   bind_decode_step(mod);
@@ -22,4 +23,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   bind_linear_tiles_f32(mod);
   bind_linear_int8(mod);
   bind_sample(mod);
+  bind_key_rotation(mod);
 }

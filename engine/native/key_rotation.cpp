@@ -32,21 +32,18 @@ __attribute__((optimize("fp-contract=off"))) AVX2 inline Rotated rotate8(__m256 
   return {lo, hi};
 }
 
-AVX2 void rotate_key_f32(float* k, const float* cs, const float* sn, int64_t d) {
-  const int64_t half = d / 2;
-  for (int64_t j = 0; j < half; j += 8) {
-    const Rotated r = rotate8(_mm256_loadu_ps(k + j), _mm256_loadu_ps(k + half + j), cs, sn, j, half);
-    _mm256_storeu_ps(k + j, r.lo);
-    _mm256_storeu_ps(k + half + j, r.hi);
-  }
-}
+AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+AVX2 inline __m256 load8(const bf16* p) { return load_bf16_8(p); }
+AVX2 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+AVX2 inline void store8(bf16* p, __m256 v) { store_bf16_8(p, v); }
 
-AVX2 void rotate_key_bf16(bf16* k, const float* cs, const float* sn, int64_t d) {
+template <typename T>  // float (a float32 store) or bf16
+AVX2 void rotate_key(T* k, const float* cs, const float* sn, int64_t d) {
   const int64_t half = d / 2;
   for (int64_t j = 0; j < half; j += 8) {
-    const Rotated r = rotate8(load_bf16_8(k + j), load_bf16_8(k + half + j), cs, sn, j, half);
-    store_bf16_8(k + j, r.lo);
-    store_bf16_8(k + half + j, r.hi);
+    const Rotated r = rotate8(load8(k + j), load8(k + half + j), cs, sn, j, half);
+    store8(k + j, r.lo);
+    store8(k + half + j, r.hi);
   }
 }
 
@@ -71,9 +68,9 @@ void rotate_keys_(torch::Tensor& keys, const torch::Tensor& cos, const torch::Te
       for (int64_t t = 0; t < n; ++t) {
         char* key = head + t * s2 * item;
         if (half_precision)
-          rotate_key_bf16(reinterpret_cast<bf16*>(key), cs, sn, d);
+          rotate_key(reinterpret_cast<bf16*>(key), cs, sn, d);
         else
-          rotate_key_f32(reinterpret_cast<float*>(key), cs, sn, d);
+          rotate_key(reinterpret_cast<float*>(key), cs, sn, d);
       }
     }
   });

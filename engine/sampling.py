@@ -117,15 +117,9 @@ def sample(
 @functools.cache
 def _native_draw() -> Callable[[torch.Tensor, float, float], int] | None:
     """The native draw where it runs here (AVX2 and FMA, not narrowed away), else None."""
-    from engine.native.build import NativeBuildError, native_module
-    from engine.native.decode import unavailable_reason
+    from engine.native.decode import avx2_function
 
-    if unavailable_reason(torch.float32, True, True) is not None:
-        return None
-    try:
-        draw: Callable[[torch.Tensor, float, float], int] = native_module().sample_row
-    except NativeBuildError:
-        return None
+    draw: Callable[[torch.Tensor, float, float], int] | None = avx2_function("sample_row")
     return draw
 
 

@@ -102,6 +102,17 @@ def unavailable_reason(dtype: torch.dtype, float_weights: bool, kv_identity: boo
     return None if None in reasons else reasons[-1]  # the last step needs the least
 
 
+def avx2_function(name: str) -> Any | None:
+    """The compiled extension's function ``name``, for kernels that need AVX2 and FMA alone (the
+    sampler's draw, the key rotation), where they run here (not narrowed away), else None."""
+    if unavailable_reason(torch.float32, True, True) is not None:  # the float32 step needs as much
+        return None
+    try:
+        return getattr(native_module(), name)
+    except NativeBuildError:
+        return None
+
+
 def step_for(dtype: torch.dtype, float_weights: bool = True) -> Step:
     """The step that runs ``dtype`` here (raises NativeBuildError where none can)."""
     int8_steps = (INT8,) if dtype == torch.bfloat16 else ()

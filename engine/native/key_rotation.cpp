@@ -16,7 +16,7 @@ namespace {
 
 using namespace prefixrag;
 
-constexpr int64_t GRAIN_KEYS = 1 << 10;  // fewer keys a call run on the calling thread: no wake-up
+constexpr int64_t GRAIN_KEYS = 1 << 10;  // a call over fewer keys runs on the calling thread: no wake-up
 
 // 8 lanes of a key's first half (x1) and second half (x2) -> their rotated values, float32
 struct Rotated {

@@ -20,8 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.native.build import NativeBuildError, native_module
-from engine.native.decode import unavailable_reason
+from engine.native.decode import avx2_function
 
 Rotate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 DTYPES = (torch.bfloat16, torch.float32)  # what the kernel stores
@@ -31,10 +30,5 @@ DTYPES = (torch.bfloat16, torch.float32)  # what the kernel stores
 def native_rotation() -> Rotate | None:
     """``rotate(keys [L, H, N, D], cos [D], sin [D])`` in place where it runs here (AVX2 and FMA, not
     narrowed away), else None."""
-    if unavailable_reason(torch.float32, True, True) is not None:
-        return None
-    try:
-        rotate: Rotate = native_module().rotate_keys_
-    except NativeBuildError:
-        return None
+    rotate: Rotate | None = avx2_function("rotate_keys_")
     return rotate

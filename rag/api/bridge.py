@@ -1,10 +1,11 @@
 """Bridge the engine's blocking iterators to asyncio without blocking the event loop.
 
 An engine stream tells the loop of each new event itself (``RequestStream.watch``: one
-``call_soon_threadsafe`` per event, from the engine's thread) and the loop takes it without blocking;
-any other iterator's ``next()`` runs in a worker thread (three thread hand-offs an item, each taking
-the interpreter lock, which at a token per stream per decode step slowed the engine's own thread).
-Between items the iterator is suspended and owned by nobody; whatever ends the async iteration (the last item, an error, a client disconnect cancelling
+``call_soon_threadsafe`` per event, from the engine's thread) and the loop takes it without blocking:
+a worker thread per item would cost three thread hand-offs, each taking the interpreter lock from the
+engine's thread, at a token per stream per decode step. Any other iterator's ``next()`` runs in a
+worker thread. Between items the iterator is suspended and owned by nobody; whatever ends the async
+iteration (the last item, an error, a client disconnect cancelling
 the task, ``aclose()``), the ``finally`` closes the blocking iterator in a worker thread, shielded
 from cancellation. Closing an engine stream cancels its request and waits until the request has
 released its cache lock, so a client that goes away never leaves a locked prefix behind.

@@ -1,5 +1,7 @@
 """rag: ingestion, retrieval, reranking, prompt assembly and the Pipeline API."""
 
+# first, before anything loads torch: `prefixrag serve`'s OpenMP wait (libgomp reads it once, at load)
+import rag.openmp  # noqa: F401
 from rag.config import RAGConfig
 from rag.ingestion.chunking import Chunker
 from rag.ingestion.loaders import LoadResult, SkippedFile, load_paths, load_python_reference

@@ -5,15 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
-
-if sys.argv[1:2] == ["serve"]:
-    # the server's OpenMP threads wait passively between parallel regions: spinning, they hold the
-    # cores the event loop and the engine's own thread need, and a decode step stalls for whole
-    # scheduler slices (several times slower on 2 cores). Read once, when torch loads: set before it.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer
 from rich.console import Console

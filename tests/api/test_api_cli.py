@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rag.openmp import SERVE_SPINCOUNT, WAIT_VARIABLES
 from tests.api.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,8 +53,10 @@ def test_serve_command(tmp_path):
         assert cache["capacity_bytes"] == 64 << 20  # PREFIXRAG_ENGINE__CACHE_BYTES reached the engine
         assert httpx.get(url + "/").status_code == 200
         threads = httpx.get(url + "/server_info").json()["threads"]
-        # serve sets it before torch loads (unless the caller's environment did): no spinning OpenMP
-        assert threads["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+        # serve bounds OpenMP's spin before torch loads, unless the caller's environment set a wait
+        caller = {name.lower(): os.environ.get(name) for name in WAIT_VARIABLES}
+        bounded = {"omp_wait_policy": None, "gomp_spincount": SERVE_SPINCOUNT}
+        assert threads == {"torch": threads["torch"], **(caller if any(caller.values()) else bounded)}
     finally:
         proc.send_signal(signal.SIGINT)
         try:

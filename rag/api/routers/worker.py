@@ -13,7 +13,6 @@ about any tenant.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ from engine.backend import GenerationBackend, local_cache
 from rag.api.deps import ServicesDep
 from rag.api.services import Services
 from rag.api.version import package_version
+from rag.openmp import wait_settings
 
 router = APIRouter(tags=["worker"], include_in_schema=False)
 
@@ -52,8 +52,8 @@ async def server_info(services: ServicesDep) -> dict[str, Any]:
     remote engine (no cache in this process); ``exact_reuse`` (and its reason) whether reused KV gives
     the same bits as computing it on this machine (engine.exact_reuse), null while loading, for a
     remote engine, or with caching off; ``dtype`` the dtype the engine computes in and why, null while
-    loading; ``threads`` torch's thread count and how its OpenMP threads wait (``prefixrag serve``
-    makes them passive).
+    loading; ``threads`` torch's thread count and how its OpenMP threads wait (``prefixrag serve`` bounds
+    their spin: rag.openmp).
     """
     settings = services.settings
     engine = services.engine
@@ -67,7 +67,7 @@ async def server_info(services: ServicesDep) -> dict[str, Any]:
         "prefix_caching": None if engine is None else _caches(engine),
         "cache_bytes": settings.engine.cache_bytes,
         "dtype": stats.get("dtype"),  # the compute dtype and why ("auto" resolves per CPU)
-        "threads": {"torch": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
+        "threads": {"torch": torch.get_num_threads(), **wait_settings()},
         "exact_reuse": stats.get("exact_reuse"),
         "exact_reuse_reason": stats.get("exact_reuse_reason"),
     }

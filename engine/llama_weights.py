@@ -137,6 +137,8 @@ def weight_bytes(held: list[Weight | None]) -> int:
     flat: list[Weight | None] = []
     for w in held:  # tensors the native decode step holds too count once
         flat += w.parts if isinstance(w, Int8Tiled) else [w.tiles] if isinstance(w, TiledLinear) else [w]
+        if isinstance(w, PackedLinear) and w.amx is not None:  # its AMX twin: the decode step's tiles
+            flat.append(w.amx.tiles)
     for w in flat:
         if isinstance(w, (Int8Weight, PackedLinear)):
             other += w.nbytes

@@ -8,6 +8,11 @@ tiles like any float matmul (engine.row_tiles), on a menu measured for this kern
 (:func:`packed_menu`), so reuse of cached KV stays exact. float32 weights stay plain (MKL's GEMM
 reads them as they are), as do machines without oneDNN's bfloat16 support.
 
+On CPUs with AMX, calls of up to ``AMX_ROWS`` rows run in the native AMX kernel instead
+(engine.native.linear's :meth:`~engine.native.linear.TiledLinear.amx`, over the column tiles the
+native decode step holds anyway): the same bits as oneDNN's at any row count, without its per-call
+overhead, so a warm request's few new tokens stream the weights at the decode step's rate.
+
 Example:
     >>> w = torch.randn(960, 576).bfloat16()
     >>> packed = PackedLinear.of(w)
@@ -24,8 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
+from engine.native.linear import TiledLinear, amx_fits
 from engine.row_tiles import TileMenu, cached_menu, calibrate, problem_rows, tiled_linear
 
+AMX_ROWS = 128  # the most rows a call sends to the AMX kernel (faster than oneDNN's below ~256 rows)
 _ROWS_HINT = 1  # the batch size oneDNN tunes the packed layout for: decode's common case
 # packed copies per weight tensor: runners over one model (engines in one process) share them
 _packed: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -49,13 +56,16 @@ class PackedLinear:
     """A float Linear weight ``[out, in]`` in the form its kernel multiplies: packed once where that
     pays (then the plain tensor is not referenced), else the plain tensor. ``x [M, in] -> [M, out]``."""
 
-    __slots__ = ("dtype", "packed", "plain", "shape")
+    __slots__ = ("amx", "dtype", "packed", "plain", "shape")
 
-    def __init__(self, weight: torch.Tensor, packed: torch.Tensor | None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, packed: torch.Tensor | None, amx: TiledLinear | None = None
+    ) -> None:
         self.shape = tuple(weight.shape)
         self.dtype = weight.dtype
         self.packed = packed
         self.plain = None if packed is not None else weight
+        self.amx = amx  # the column tiles that small calls multiply in AMX tiles (None: oneDNN only)
 
     @classmethod
     def of(cls, weight: torch.Tensor) -> PackedLinear:
@@ -64,17 +74,22 @@ class PackedLinear:
             packed = _packed.get(weight)
             if packed is None:
                 packed = _packed[weight] = _pack(weight)
-        return cls(weight, packed)
+        return cls(
+            weight, packed, TiledLinear.of(weight) if packed is not None and amx_fits(weight) else None
+        )
 
     @property
     def nbytes(self) -> int:
-        """Bytes held (the packed copy, or the plain weight)."""
+        """Bytes held (the packed copy, or the plain weight; the AMX twin's tiles are the native decode
+        step's, counted with its tensors: engine.llama_weights.weight_bytes)."""
         held = self.packed if self.packed is not None else self.plain
         assert held is not None
         return held.numel() * held.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """One call over all of ``x``'s rows (decode's few; no row-exactness promised)."""
+        if self.amx is not None and x.shape[0] <= AMX_ROWS:
+            return self.amx.amx(x)
         if self.packed is None:
             assert self.plain is not None
             return F.linear(x, self.plain)
@@ -82,7 +97,10 @@ class PackedLinear:
 
     def tiled(self, x: torch.Tensor, menu: TileMenu, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` as calls of ``menu``'s row counts (:func:`packed_menu`): row i depends on x[i] alone;
-        the bias added afterwards, elementwise."""
+        the bias added afterwards, elementwise (a call the AMX kernel takes needs no tiles: its rows
+        get these bits at any count)."""
+        if self.amx is not None and x.shape[0] <= AMX_ROWS:
+            return self.amx.amx(x, bias)
         return tiled_linear(x, x.new_empty(0), menu, bias, matmul=self)
 
 

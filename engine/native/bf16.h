@@ -74,6 +74,19 @@ AVX2 inline void store_bf16_16(bf16* p, __m256 lo, __m256 hi) {  // 16 float -> 
 }
 
 // e^x for x in [-87, 88] (clamped below), float32, ~1 ulp
+// y[rows, cols) = bf16(bf16(sums) (+ bias, rounded)), sums [rows, cols] float32, cols a multiple of 16;
+// with a residual (row stride ldy), bf16(residual + that): torch's bias add, then its residual add
+AVX512 inline void round_block(const float* sums, const bf16* bias, const bf16* residual, bf16* y, int64_t rows, int64_t cols,
+                        int64_t ldy) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; j += 16) {
+      __m512 v = round_bf16_ps(_mm512_loadu_ps(sums + r * cols + j));
+      if (bias != nullptr) v = _mm512_add_ps(v, load_bf16(bias + j));
+      if (residual != nullptr) v = _mm512_add_ps(load_bf16(residual + r * ldy + j), round_bf16_ps(v));
+      _mm256_storeu_si256((__m256i*)(y + r * ldy + j), pack_bf16(v));
+    }
+}
+
 AVX512 inline __m512 exp_ps(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
   __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);

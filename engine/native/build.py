@@ -40,6 +40,7 @@ SOURCES = tuple(
         "prefill_rows.cpp",
         "prefill_attention.cpp",
         "linear_tiles.cpp",
+        "linear_amx.cpp",
         "linear_tiles_f32.cpp",
         "prefill_attention_f32.cpp",
         "linear_int8.cpp",

@@ -45,7 +45,7 @@ from engine.kv.state import KVBuffer
 from engine.llama_weights import LlamaLayer
 from engine.native.build import NativeBuildError, native_module
 from engine.native.int8 import Int8Tiled, int8_tiles
-from engine.native.linear import TiledLinear, pack_column_tiles, pack_float32_tiles, wide_float32
+from engine.native.linear import TiledLinear, wide_float32
 from engine.quant.linear import Int8Weight
 
 NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")  # the AVX512-BF16 kernels
@@ -138,7 +138,8 @@ def _held(
         return weight.tiles
     if not matmul:
         return weight.detach().contiguous()
-    return (pack_float32_tiles if weight.dtype == torch.float32 else pack_column_tiles)(weight)
+    # packed once per tensor (engine.native.linear's cache): the AMX twin of a oneDNN-packed Linear reads them too
+    return TiledLinear.of(weight).tiles
 
 
 class NativeDecode:

@@ -18,6 +18,11 @@ eighth of float32's rate); a runner prefers it (:func:`preferred`) except on CPU
 oneDNN multiplies in AMX tiles. float32: AVX2 and FMA, or AVX-512 where the process may use it (the
 same bits at either width).
 
+On CPUs with AMX the same packing also multiplies in AMX tiles (:meth:`TiledLinear.amx`,
+``linear_amx.cpp``): each output is then the sum oneDNN's AMX kernel computes, to the bit, at any row
+count, so a runner whose prefill Linears are oneDNN's sends it the calls where it is faster
+(engine.packed_linear) without changing a row.
+
 Example:
     >>> w = TiledLinear.of(torch.randn(960, 576).bfloat16())            # doctest: +SKIP
     >>> w(torch.randn(3, 576).bfloat16()).shape                         # doctest: +SKIP
@@ -26,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 
@@ -129,6 +135,18 @@ class TiledLinear:
             return residual + self._call(x, bias, False)
         return self._call(x, bias, False, residual)
 
+    def amx(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x @ w.T`` (bfloat16) in AMX tiles, the bits of oneDNN's AMX Linear at any row count, then
+        ``+ bias`` and ``residual +`` as torch's adds (where :func:`amx_available`)."""
+        bias = x.new_empty(0) if bias is None else bias
+        if residual is None:
+            out: torch.Tensor = self._module.linear_amx_plain(x.contiguous(), self.tiles, bias)  # type: ignore[attr-defined]
+        else:
+            out = self._module.linear_amx(x.contiguous(), self.tiles, bias, residual.contiguous())  # type: ignore[attr-defined]
+        return out
+
     def sums(self, x: torch.Tensor) -> torch.Tensor:
         """The float32 sums ``x @ w.T``, unrounded (logits: bfloat16 would blur near-ties)."""
         return self._call(x, x.new_empty(0), True)
@@ -169,6 +187,25 @@ def available(dtype: torch.dtype) -> bool:
     if dtype == torch.bfloat16 and wide_bfloat16():
         return True
     return dtype in (torch.bfloat16, torch.float32) and unavailable_reason(torch.float32, True, True) is None
+
+
+@functools.cache
+def amx_available() -> bool:
+    """Whether :meth:`TiledLinear.amx` runs here: a CPU with AMX-BF16, and the kernel built and let
+    use AMX's tile state."""
+    if "amx_bf16" not in cpu_flags():
+        return False
+    try:
+        return bool(native_module().amx_ready())  # type: ignore[attr-defined]
+    except NativeBuildError:
+        return False
+
+
+def amx_fits(weight: torch.Tensor) -> bool:
+    """Whether :meth:`TiledLinear.amx` can multiply by ``weight`` ``[n, k]``: bfloat16, n a multiple of
+    16 and k of 32 (one AMX dot product's depth)."""
+    n, k = weight.shape
+    return weight.dtype == torch.bfloat16 and n % TILE_COLUMNS == 0 and k % 32 == 0 and amx_available()
 
 
 def preferred(dtype: torch.dtype) -> bool:

@@ -22,19 +22,6 @@ constexpr int64_t GRAIN_MACS = 1 << 18;  // a thread's least work: a smaller pro
 
 const bf16* in(const torch::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); }
 
-// y[rows, cols) = bf16(bf16(sums) (+ bias, rounded)), sums [rows, cols] float32, cols a multiple of 16;
-// with a residual (row stride ldy), bf16(residual + that): torch's bias add, then its residual add
-AVX512 void round_block(const float* sums, const bf16* bias, const bf16* residual, bf16* y, int64_t rows, int64_t cols,
-                        int64_t ldy) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; j += 16) {
-      __m512 v = round_bf16_ps(_mm512_loadu_ps(sums + r * cols + j));
-      if (bias != nullptr) v = _mm512_add_ps(v, load_bf16(bias + j));
-      if (residual != nullptr) v = _mm512_add_ps(load_bf16(residual + r * ldy + j), round_bf16_ps(v));
-      _mm256_storeu_si256((__m256i*)(y + r * ldy + j), pack_bf16(v));
-    }
-}
-
 // y[rows, cols) = bf16(bf16(silu(bf16(gate))) * bf16(up)) from the gate's and the up projection's float32
 // sums [rows, cols]: the rounded Linear outputs, then prefill_rows.cpp's SiLU * value, to the bit
 AVX512 void glu_block(const float* gate, const float* up, bf16* y, int64_t rows, int64_t cols, int64_t ldy) {

@@ -1,5 +1,5 @@
 // The native extension's Python module: the decode step, the prefill's row operations, attention and
-// Linears, the sampler's draw, and a reused chunk's key rotation.
+// Linears (AVX512-BF16 column tiles, AMX), the sampler's draw, and a reused chunk's key rotation.
 #include <torch/extension.h>
 
 void bind_decode_step(pybind11::module_& mod);
@@ -8,6 +8,7 @@ void bind_prefill_rows(pybind11::module_& mod);
 void bind_prefill_attention(pybind11::module_& mod);
 void bind_prefill_attention_f32(pybind11::module_& mod);
 void bind_linear_tiles(pybind11::module_& mod);
+void bind_linear_amx(pybind11::module_& mod);
 void bind_linear_tiles_f32(pybind11::module_& mod);
 void bind_linear_int8(pybind11::module_& mod);
 void bind_sample(pybind11::module_& mod);
@@ -20,6 +21,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   bind_prefill_attention(mod);
   bind_prefill_attention_f32(mod);
   bind_linear_tiles(mod);
+  bind_linear_amx(mod);
   bind_linear_tiles_f32(mod);
   bind_linear_int8(mod);
   bind_sample(mod);

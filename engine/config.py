@@ -46,6 +46,13 @@ class EngineConfig(BaseModel):
         default=1 << 30, ge=0, description="prefix-cache byte budget; 0 disables caching"
     )
     enable_prefix_cache: bool = True
+    saved_logits: int = Field(
+        default=0,
+        ge=0,
+        description="prompts whose last-position logits are kept after an exact prefill (192 KiB each "
+        "at a 49k vocabulary), so a request whose whole prompt is cached computes none of it; 0 (the "
+        "default): off, the last token is always computed again",
+    )
     page_size: int = Field(default=1, ge=1)
     eviction: Literal["lru", "gdsf"] = "lru"
     gdsf_attention_window: float = Field(

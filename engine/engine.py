@@ -51,6 +51,7 @@ from engine.request import (
 from engine.runner import ModelRunner, prefix_reuse_blocker
 from engine.runners import Runner, stitching_runner
 from engine.sampling import SamplingParams, sample
+from engine.saved_logits import SavedLogits
 from engine.scheduler import Scheduler
 from engine.tiers.chain import open_tiers
 from engine.tiers.tier import KVTier
@@ -93,6 +94,7 @@ class Engine:
             self.caching = False
         self.exact_reuse = self._check_exact_reuse()
         self.cache = RadixCache.from_config(self.config.cache_config())
+        self.saved_logits = SavedLogits(self.config.saved_logits if self.caching else 0)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.buffers = BufferPool(self.config.buffer_pool_bytes)
         slab = self.config.kv_slab_bytes
@@ -132,6 +134,7 @@ class Engine:
             "prefill_s": 0.0,
             "decode_s": 0.0,
             "prefill_chunks": 0,
+            "saved_logits_hits": 0,  # requests whose whole prompt was cached, logits included
             "mixed_steps": 0,  # engine steps that ran a prefill chunk and a decode step
         }
 
@@ -406,6 +409,7 @@ class Engine:
             "prefilling": int(self._prefilling is not None),
             **self._counters,
             "buffer_pool_bytes": self.buffers.nbytes,
+            "saved_logits": {"prompts": len(self.saved_logits), "bytes": self.saved_logits.nbytes},
             "kv_slabs": self.kv_blocks.stats() if self.kv_blocks is not None else None,
             "cache": cache.to_dict() if hasattr(cache, "to_dict") else vars(cache),
             "kv": {
@@ -422,6 +426,7 @@ class Engine:
 
     def reset_cache(self) -> None:
         self.cache.reset()
+        self.saved_logits.clear()
 
     def flush_tiers(self, timeout_s: float = TIER_FLUSH_TIMEOUT_S) -> bool | None:
         """Wait until the tiers under the RAM cache hold every block written so far: True when they
@@ -508,12 +513,18 @@ class Engine:
             return
         ids = req.prompt_ids
         req.max_new_tokens = min(req.params.max_tokens, self.max_context - len(ids))
+        if self.caching and req.chunk_reuse is None:  # a match may then cover the whole prompt
+            req.saved_logits = self.saved_logits.get(req.namespace, ids)
         match = self._match(req)
         clock = req.phase("match", clock)
         req.buffer = self.buffers.take(self.runner.new_buffer, len(ids) + min(req.max_new_tokens, 512))
         req.cached_tokens = req.buffer.load_prefix(match.values)
         clock = req.phase("load", clock)
-        if self.tiers:  # the tiers under RAM extend its match, same cap
+        if req.saved_logits is not None and req.cached_tokens < len(ids):  # its KV left the cache
+            req.buffer.truncate(min(req.cached_tokens, len(ids) - 1))
+            req.cached_tokens = req.buffer.length
+            req.saved_logits = None
+        if self.tiers and req.saved_logits is None:  # the tiers under RAM extend its match, same cap
             req.cached_tokens += self.tiers.extend(req.buffer, ids, req.namespace, limit=len(ids) - 1)
             clock = req.phase("tiers", clock)
         req.plan = (
@@ -535,7 +546,8 @@ class Engine:
         step = min(limit, self.config.prefill_chunk_tokens)
         clock = time.perf_counter()
         chunk = req.prompt_ids[req.prefilled : min(end, req.prefilled + step)]
-        logits = self.runner.prefill(chunk, req.buffer) if chunk else None
+        # nothing to compute: a stitched prompt's exact part ended, or its saved logits (else None)
+        logits = self.runner.prefill(chunk, req.buffer) if chunk else req.saved_logits
         req.prefilled += len(chunk)
         req.phases["prefill"] = req.phases.get("prefill", 0.0) + time.perf_counter() - clock
         self._counters["prefill_chunks"] += bool(chunk)
@@ -560,6 +572,10 @@ class Engine:
             return
         req.prefill_s = time.perf_counter() - req.started
         self._counters["prefill_s"] += req.prefill_s
+        if req.saved_logits is not None:
+            self._counters["saved_logits_hits"] += 1
+        elif stitched is None and self.caching:  # an exact prefill's: the prompt's KV is cached next
+            self.saved_logits.put(req.namespace, req.prompt_ids, logits)
         req.generator = req.params.make_generator()
         # the first token goes out before the cache copies the prompt's KV;
         # the copy still lands before the next request is matched. A request done at once (one token,
@@ -630,12 +646,14 @@ class Engine:
         request's public prefix."""
         if not self.caching:
             return _NO_MATCH
-        namespace, cap = req.namespace, len(req.prompt_ids) - 1
+        # the whole prompt where its logits are saved (nothing left to compute), else one token short
+        namespace, cap = req.namespace, len(req.prompt_ids) - (req.saved_logits is None)
         if req.public_tokens:  # the public namespace, when it holds more of the public part
-            public_cap = min(req.public_tokens, cap)
+            public_cap = min(req.public_tokens, len(req.prompt_ids) - 1)
             public = self.cache.peek_length(req.prompt_ids, namespace=self._public, max_length=public_cap)
             if public > self.cache.peek_length(req.prompt_ids, namespace=namespace, max_length=cap):
                 namespace, cap = self._public, public_cap
+                req.saved_logits = None
         match = self.cache.match_prefix(req.prompt_ids, namespace=namespace, max_length=cap)
         self.cache.lock(match.node)
         req.node = match.node

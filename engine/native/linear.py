@@ -196,7 +196,7 @@ def amx_available() -> bool:
     if "amx_bf16" not in cpu_flags():
         return False
     try:
-        return bool(native_module().amx_ready())  # type: ignore[attr-defined]
+        return bool(native_module().amx_ready())
     except NativeBuildError:
         return False
 

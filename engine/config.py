@@ -49,8 +49,8 @@ class EngineConfig(BaseModel):
     saved_logits: int = Field(
         default=0,
         ge=0,
-        description="prompts whose last-position logits are kept after an exact prefill (192 KiB each "
-        "at a 49k vocabulary), so a request whose whole prompt is cached computes none of it; 0 (the "
+        description="prompts whose last-position logits are kept after an exact prefill (one float32 "
+        "per vocabulary entry each), so a request whose whole prompt is cached computes none of it; 0 (the "
         "default): off, the last token is always computed again",
     )
     page_size: int = Field(default=1, ge=1)

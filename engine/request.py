@@ -120,7 +120,8 @@ class Request:
     buffer: KVBuffer | None = None
     node: Any = None  # locked cache node
     cached_tokens: int = 0
-    saved_logits: Any = None  # the whole prompt's logits (engine.saved_logits): nothing to prefill
+    # the whole prompt's logits (engine.saved_logits): nothing to prefill
+    saved_logits: torch.Tensor | None = None
     output_ids: list[int] = field(default_factory=list)
     generator: Any = None
     started: float = 0.0

@@ -6,14 +6,8 @@ its logits. With that prompt's logits saved when it was prefilled, the request s
 from them and decodes on from the cached KV. They are the bits a recompute would give wherever reuse
 is exact (the engine's ``exact_reuse`` statement), and the logits of the full prefill elsewhere.
 llama.cpp's server keeps a slot's logits the same way. Only an exact prefill's logits are saved (never
-a stitched prompt's), per tenant namespace, for the ``capacity`` most recent prompts (a 49k vocabulary
-in float32: 192 KiB each).
-
-Example:
-    >>> saved = SavedLogits(2)
-    >>> saved.put("alice", [1, 2, 3], torch.zeros(4))
-    >>> saved.get("alice", [1, 2, 3]).shape, saved.get("bob", [1, 2, 3]), saved.get("alice", [1, 2])
-    (torch.Size([4]), None, None)
+a stitched prompt's), per tenant namespace, for the ``capacity`` most recent prompts (one float32 per
+vocabulary entry each).
 """
 
 from __future__ import annotations
@@ -33,7 +27,14 @@ def _key(namespace: str, token_ids: Sequence[int]) -> tuple[str, int, bytes]:
 
 
 class SavedLogits:
-    """Least recently used prompts' last-position logits, keyed by tenant namespace and token ids."""
+    """Least recently used prompts' last-position logits, keyed by tenant namespace and token ids.
+
+    Example:
+        >>> saved = SavedLogits(2)
+        >>> saved.put("alice", [1, 2, 3], torch.zeros(4))
+        >>> saved.get("alice", [1, 2, 3]).shape, saved.get("bob", [1, 2, 3]), saved.get("alice", [1, 2])
+        (torch.Size([4]), None, None)
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity

@@ -240,8 +240,9 @@ class FusedLlamaRunner:
 
     @property
     def attention_kernel(self) -> str:
-        """What computes a prefill's attention: ``native <build key>`` or ``torch`` (SDPA in tiles)."""
-        return f"native {build_key()}" if self.attention is not None else "torch"
+        """What computes a prefill's attention: ``native <kernel> <build key>`` or ``torch`` (SDPA in
+        tiles)."""
+        return f"native {self.attention.name} {build_key()}" if self.attention is not None else "torch"
 
     @property
     def decode_kernel(self) -> dict[str, str | None]:

@@ -11,12 +11,13 @@ positions up to it alone, so a prompt computed whole or split anywhere, with any
 every row the same bits, and it reads half the scores. Their sums run in another order than torch's,
 so results are close to SDPA's, not equal (tests/engine/native/test_attention.py measures both).
 
-bfloat16 runs AVX512-BF16's kernel where the CPU has it, else the float32 kernel over the bfloat16
-queries, keys and values widened as they are read (its output rounded to bfloat16), over a bfloat16
-KV store; a runner prefers it (:func:`preferred`) except on CPUs with AMX, where torch's kernel
-multiplies in AMX tiles and the two were not measured against each other: there torch's kernel runs.
-float32 runs wherever AVX2 and FMA do, over a float32 KV store, and a runner always prefers it.
-(:meth:`NativeAttention.of` returns None where a kernel cannot run.)
+bfloat16 runs AMX's kernel where the CPU has AMX-BF16 (``prefill_attention_amx.cpp``: the blocks'
+scores and whole-block value sums in AMX tiles, the softmax as the AVX512-BF16 kernel's), else
+AVX512-BF16's where the CPU has it, else the float32 kernel over the bfloat16 queries, keys and
+values widened as they are read (its output rounded to bfloat16), over a bfloat16 KV store. The
+three give different bits, so a runner holds one for every call (:attr:`NativeAttention.name`, in
+its kernel signature). float32 runs wherever AVX2 and FMA do, over a float32 KV store. A runner
+prefers them all (:func:`preferred`); :meth:`NativeAttention.of` returns None where none can run.
 
 Example:
     >>> attn = NativeAttention.of(torch.bfloat16, head_dim=64)             # doctest: +SKIP
@@ -30,9 +31,9 @@ from typing import Any
 
 import torch
 
-from engine.isa import cpu_flags
 from engine.native.build import NativeBuildError, native_module
 from engine.native.decode import avx512_bf16_reason, unavailable_reason
+from engine.native.linear import amx_available
 
 log = logging.getLogger(__name__)
 
@@ -48,21 +49,25 @@ class NativeAttention:
         torch.Size([T, H * D])
     """
 
-    def __init__(self, module: Any, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, module: Any, dtype: torch.dtype = torch.bfloat16, amx: bool = True) -> None:
         self._module = module
         self.dtype = dtype  # of the queries and the KV store it reads
         wide = dtype == torch.bfloat16 and avx512_bf16_reason() is None
-        self._kernel = module.attend_rows if wide else module.attend_rows_f32
+        # which kernel: "amx", "avx512-bf16" or "float32" (their bits differ)
+        self.name = ("amx" if amx and amx_available() else "avx512-bf16") if wide else "float32"
+        kernels = {"amx": "attend_rows_amx", "avx512-bf16": "attend_rows", "float32": "attend_rows_f32"}
+        self._kernel = getattr(module, kernels[self.name])
 
     @classmethod
-    def of(cls, dtype: torch.dtype, head_dim: int) -> NativeAttention | None:
-        """The kernel for ``dtype`` and ``head_dim`` on this machine, or None where it cannot run."""
+    def of(cls, dtype: torch.dtype, head_dim: int, amx: bool = True) -> NativeAttention | None:
+        """The kernel for ``dtype`` and ``head_dim`` on this machine (AMX's where it runs, unless
+        ``amx=False``), or None where none can run."""
         if dtype not in (torch.bfloat16, torch.float32) or head_dim not in HEAD_DIMS:
             return None
         if unavailable_reason(torch.float32, True, True) is not None:  # AVX2 + FMA, whatever the dtype
             return None
         try:
-            return cls(native_module(), dtype)
+            return cls(native_module(), dtype, amx)
         except NativeBuildError as exc:
             log.warning("prefill attention runs torch's kernel: %s", exc)
             return None
@@ -82,8 +87,5 @@ class NativeAttention:
 
 
 def preferred(dtype: torch.dtype, head_dim: int) -> NativeAttention | None:
-    """The kernel a runner uses by default: :meth:`NativeAttention.of`, except bfloat16 on CPUs with
-    AMX (float32 has no AMX kernel to lose)."""
-    if dtype == torch.bfloat16 and "amx_bf16" in cpu_flags():
-        return None
+    """The kernel a runner uses by default: :meth:`NativeAttention.of`."""
     return NativeAttention.of(dtype, head_dim)

@@ -39,6 +39,7 @@ SOURCES = tuple(
         "decode_step_f32.cpp",
         "prefill_rows.cpp",
         "prefill_attention.cpp",
+        "prefill_attention_amx.cpp",
         "linear_tiles.cpp",
         "linear_amx.cpp",
         "linear_tiles_f32.cpp",

@@ -8,45 +8,23 @@
 // on that row alone (a short last block of rows is padded with zeros), and threads split the output
 // columns, never a sum.
 #include <ATen/Parallel.h>
-#include <sys/syscall.h>
 #include <torch/extension.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <vector>
 
+#include "amx.h"
 #include "bf16.h"
 #include "tiles.h"
-
-#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
 
 namespace {
 
 using namespace prefixrag;
 
-constexpr int64_t ROWS = 16;           // rows of an A or C tile
-constexpr int64_t DEPTH = 32;          // inputs of one tdpbf16ps (16 pairs)
+constexpr int64_t ROWS = AMX_ROWS;
+constexpr int64_t DEPTH = AMX_DEPTH;
 constexpr int64_t GROUP = 4;           // column tiles whose sums build at once (C tiles 0-3)
 constexpr int64_t GRAIN_MACS = 1 << 20;  // a thread's least work: a smaller product wakes no other thread
-constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-
-struct TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Linux hands AMX's tile state to a process that asks (once; every thread then has it)
-bool tiles_permitted() {
-  static const bool permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  return permitted;
-}
-
-AMX void load_config() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.rows[t] = ROWS, cfg.colsb[t] = 64;  // 16 rows of 64 bytes each
-  _tile_loadconfig(&cfg);
-}
 
 // sums[16, 16 * tiles] (row stride 64 * GROUP bytes) of 16 rows xs (row stride k) over `tiles` (1 or
 // GROUP) consecutive column tiles at ws: C tiles 0-3, A tile 4, B tiles 5-7
@@ -84,7 +62,7 @@ AMX void group_sums(const bf16* xs, const bf16* ws, float* sums, int64_t k, int6
 // column tiles [a, b) of y for every row: groups of GROUP tiles, the rows 16 at a time
 AMX void tile_columns(const bf16* xs, const bf16* ws, const bf16* bs, const bf16* res, bf16* ys, int64_t m, int64_t k,
                       int64_t n, int64_t a, int64_t b) {
-  load_config();
+  load_tile_config();
   std::vector<float> sums(ROWS * GROUP * TILE_COLS);
   std::vector<bf16> padded;  // a short last block of rows, zero-filled to a whole A tile
   for (int64_t t = a; t < b;) {
@@ -107,10 +85,6 @@ AMX void tile_columns(const bf16* xs, const bf16* ws, const bf16* bs, const bf16
     t += tiles;
   }
   _tile_release();
-}
-
-bool amx_ready() {
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-bf16") && tiles_permitted();
 }
 
 // x [m, k] bf16, w [n / 16, k / 2, 16, 2] bf16 (k a multiple of 32), bias [n] bf16 or empty, residual

@@ -1,9 +1,9 @@
 """A prefill's native attention (engine/native/attention.py), in bfloat16 and float32: as close to
 exact attention as torch's kernel in that dtype is, every row's bits independent of the split, its
 batch mates and the thread count, keys past the last row never read, in each kernel the CPU runs
-(bfloat16: AVX512-BF16's, and the float32 kernel over widened bfloat16 on every CPU); the bfloat16
-runner uses it except on CPUs with AMX, the float32 runner always (every CPU this project runs on has
-AVX2 and FMA: no skip), and a prompt's answer matches the one torch's kernel gives."""
+(bfloat16: AMX's, AVX512-BF16's, and the float32 kernel over widened bfloat16 on every CPU); a
+runner uses it in either dtype (every CPU this project runs on has AVX2 and FMA: no skip), and a
+prompt's answer matches the one torch's kernel gives."""
 
 from __future__ import annotations
 
@@ -24,22 +24,25 @@ HAS_WIDE = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
 needs_wide = pytest.mark.skipif(
     not HAS_WIDE, reason="the CPU lacks AVX512-BF16: the AVX2 kernel is the bfloat16 one"
 )
-HEADS, KV_HEADS, DIM, SCALE = 9, 3, 64, 0.125
 AMX = "amx_bf16" in cpu_flags()
+needs_amx = pytest.mark.skipif(not AMX, reason="the CPU lacks AMX-BF16: no AMX kernel to run")
+HEADS, KV_HEADS, DIM, SCALE = 9, 3, 64, 0.125
 
-# (dtype, the process narrowed to AVX2 while the kernel is chosen)
+# (dtype, the process narrowed to AVX2 while the kernel is chosen, AMX's kernel where it runs)
 KERNELS = [
-    pytest.param((torch.bfloat16, False), id="bfloat16"),
-    pytest.param((torch.bfloat16, True), marks=needs_wide, id="bfloat16-avx2"),
-    pytest.param((torch.float32, False), id="float32"),
+    pytest.param((torch.bfloat16, False, True), id="bfloat16"),
+    pytest.param((torch.bfloat16, False, False), marks=[needs_amx, needs_wide], id="bfloat16-avx512"),
+    pytest.param((torch.bfloat16, True, True), marks=needs_wide, id="bfloat16-avx2"),
+    pytest.param((torch.float32, False, True), id="float32"),
 ]
+BFLOAT16 = [KERNELS[0], KERNELS[1], KERNELS[2]]
 
 
-def _kernel(dtype: torch.dtype, narrowed: bool) -> NativeAttention:
+def _kernel(dtype: torch.dtype, narrowed: bool, amx: bool = True) -> NativeAttention:
     with pytest.MonkeyPatch.context() as patch:
         if narrowed:
             patch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-        native = NativeAttention.of(dtype, DIM)
+        native = NativeAttention.of(dtype, DIM, amx=amx)
     assert native is not None
     return native
 
@@ -75,9 +78,9 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype)
     return out[0].transpose(0, 1).reshape(t, -1).float()
 
 
-@pytest.mark.parametrize("narrowed", [False, pytest.param(True, marks=needs_wide)])
-def test_as_close_to_exact_attention_as_torchs_bfloat16_kernel(narrowed):
-    attention = _kernel(torch.bfloat16, narrowed)
+@pytest.mark.parametrize("kernel", BFLOAT16)
+def test_as_close_to_exact_attention_as_torchs_bfloat16_kernel(kernel):
+    attention = _kernel(*kernel)
     q, k, v = _inputs(700)
     exact = _sdpa(q, k, v, torch.float32)
     native = attention(q, k, v, torch.arange(700), SCALE).float()
@@ -122,13 +125,14 @@ def test_rows_at_explicit_positions_equal_each_row_alone(attention):
     assert torch.allclose(attention(q[:1], k, v, torch.tensor([399]), SCALE)[0].float(), exact, atol=0.02)
 
 
+@pytest.mark.parametrize("amx", [pytest.param(True, id="amx-where-present"), pytest.param(False, id="no-amx")])
 @pytest.mark.parametrize(
     "heads,kv_heads,dim", [(9, 3, 64), (4, 4, 128), (16, 1, 64), (8, 2, 128), (14, 7, 64)]
 )
-def test_any_group_geometry_gives_each_row_its_bits_alone(heads, kv_heads, dim):
+def test_any_group_geometry_gives_each_row_its_bits_alone(heads, kv_heads, dim, amx):
     # rows of a key/value group's heads share passes over its keys: in tiles of several positions, or
     # one head at a time for a few rows; either way a row's bits are its own
-    native = NativeAttention.of(torch.bfloat16, dim)
+    native = NativeAttention.of(torch.bfloat16, dim, amx=amx)
     assert native is not None
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(150, heads, dim, generator=gen).bfloat16()
@@ -174,10 +178,21 @@ def test_runs_only_for_bfloat16_and_float32_at_the_head_dims_it_is_compiled_for(
     assert NativeAttention.of(torch.bfloat16, 96) is None and NativeAttention.of(torch.float32, 96) is None
 
 
-def test_a_runner_prefers_it_except_where_the_cpu_has_amx():
+def test_a_runner_prefers_it_and_the_kernel_names_itself():
     runner = FusedLlamaRunner(load_model(dtype="bfloat16").model)
-    assert runner.attention_kernel == ("torch" if AMX else f"native {build_key()}")
-    assert runner.rows_exact is not AMX  # with the native Linears: no row is padded
+    kernel = "amx" if AMX else "avx512-bf16" if HAS_WIDE else "float32"
+    assert runner.attention_kernel == f"native {kernel} {build_key()}"
+    assert runner.rows_exact is not AMX  # AMX: oneDNN's Linears in row tiles; else the native ones
+
+
+@needs_amx
+def test_amx_and_avx512_kernels_agree_closely_and_are_told_apart():
+    # their sums run in different orders, so a runner holds one and its kernel signature names it
+    q, k, v = _inputs(300, seed=4)
+    amx, wide = _kernel(torch.bfloat16, False, True), _kernel(torch.bfloat16, False, False)
+    assert (amx.name, wide.name) == ("amx", "avx512-bf16")
+    a, w = (kernel(q, k, v, torch.arange(300), SCALE).float() for kernel in (amx, wide))
+    assert (a - w).abs().max() < 0.02
 
 
 def test_the_bfloat16_runner_answers_as_with_torchs_kernel():
@@ -199,7 +214,7 @@ def test_the_float32_runner_prefers_it_and_answers_as_with_torchs_kernel():
     loaded = load_model(dtype="float32")
     native = FusedLlamaRunner(loaded.model)
     plain = FusedLlamaRunner(loaded.model, native_attention=False)
-    assert native.attention_kernel == f"native {build_key()}" and plain.attention_kernel == "torch"
+    assert native.attention_kernel == f"native float32 {build_key()}" and plain.attention_kernel == "torch"
     assert native.rows_exact and not plain.rows_exact  # with the native Linears: no row is padded
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
     text = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

@@ -47,11 +47,11 @@ class EngineConfig(BaseModel):
     )
     enable_prefix_cache: bool = True
     saved_logits: int = Field(
-        default=0,
+        default=64,
         ge=0,
         description="prompts whose last-position logits are kept after an exact prefill (one float32 "
-        "per vocabulary entry each), so a request whose whole prompt is cached computes none of it; 0 (the "
-        "default): off, the last token is always computed again",
+        "per vocabulary entry each), so a request whose whole prompt is cached computes none of it; 0: "
+        "off, the last token is always computed again",
     )
     page_size: int = Field(default=1, ge=1)
     eviction: Literal["lru", "gdsf"] = "lru"

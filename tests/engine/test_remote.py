@@ -64,7 +64,7 @@ def test_generate_token_ids_reports_usage_and_cache_hits_on_repeat(remote: Remot
     assert first.text and first.text == again.text  # greedy by default
     assert first.prompt_tokens == again.prompt_tokens == len(ids)
     assert first.cached_tokens == 0
-    assert again.cached_tokens == len(ids) - 1  # all but the last token, as the engine caps it
+    assert again.cached_tokens == len(ids)  # the whole prompt: the engine saved its logits
     assert 0 < again.completion_tokens <= PARAMS.max_tokens
     assert first.finish_reason in ("stop", "length") and again.ttft_s > 0 and again.total_s >= again.ttft_s
     assert remote.prompt_format == "auto"  # prefixrag takes token ids: no fallback to text
@@ -85,7 +85,7 @@ def test_text_prompts_and_the_text_format(server: BackgroundServer, loaded_model
         by_text = eng.generate(ids, SamplingParams(max_tokens=4))
         plain = eng.generate("The capital of France is", SamplingParams(max_tokens=4))
     assert by_text.text == plain.text and by_text.prompt_tokens == len(ids)
-    assert plain.cached_tokens == len(ids) - 1  # the decoded text re-tokenized to the same ids
+    assert plain.cached_tokens == len(ids)  # the decoded text re-tokenized to the same ids
 
 
 def test_namespace_travels_as_cache_salt_and_isolates(remote: RemoteEngine) -> None:

@@ -1,6 +1,6 @@
 """Saved logits (engine/saved_logits.py): a request whose whole prompt the cache holds computes none of
 it, answers exactly as a full prefill does, and never takes another tenant's logits; without its KV,
-or with the feature off (the default), the last token is computed again."""
+or with the feature off (``saved_logits=0``; on by default), the last token is computed again."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ PROMPT = "The lighthouse on Kerran Point was built in 1871 and its keeper is Ils
 
 @pytest.fixture(scope="module")
 def engine(loaded_model):
-    config = EngineConfig(model=loaded_model.model_id, saved_logits=64)  # off by default
+    config = EngineConfig(model=loaded_model.model_id)
+    assert config.saved_logits > 0  # on by default
     with Engine(
         loaded_model.model, loaded_model.tokenizer, model_id=loaded_model.model_id, config=config
     ) as eng:

@@ -144,7 +144,7 @@ def check_chat(body: dict[str, Any], max_tokens: int) -> str:
     usage = reply.usage
     assert 0 < usage.completion_tokens <= max_tokens, usage
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
-    assert 0 <= usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
+    assert 0 <= usage.prompt_tokens_details.cached_tokens <= usage.prompt_tokens
     assert reply.choices[0].finish_reason in ("stop", "length")
     return reply.choices[0].message.content
 
@@ -174,7 +174,7 @@ def check_ask(body: dict[str, Any], max_tokens: int) -> tuple[str, list[str]]:
     answer = AskResponse.model_validate(body)
     assert 0 < answer.usage.completion_tokens <= max_tokens, answer.usage
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens
-    assert 0 <= answer.usage.cached_tokens < answer.usage.prompt_tokens
+    assert 0 <= answer.usage.cached_tokens <= answer.usage.prompt_tokens
     return answer.text, [f"{s.doc_id}#{s.chunk_id}" for s in answer.sources]
 
 

@@ -62,8 +62,8 @@ def test_tenant_b_gets_no_hit_and_no_ttft_advantage_from_tenant_a(serve, iso_eng
         for trial in range(TRIALS):
             prompt, fresh = _ids(PROMPT_TOKENS, trial), _ids(PROMPT_TOKENS, 1000 + trial)
             assert complete(KEY_A, prompt)[1] == 0  # A, cold
-            took, cached = complete(KEY_A, prompt)  # A again: its own cache
-            assert cached == PROMPT_TOKENS - 1
+            took, cached = complete(KEY_A, prompt)  # A again: its own KV and saved logits
+            assert cached == PROMPT_TOKENS
             a_repeat.append(took)
             pair = [("b", prompt), ("control", fresh)]
             order.shuffle(pair)
@@ -72,7 +72,7 @@ def test_tenant_b_gets_no_hit_and_no_ttft_advantage_from_tenant_a(serve, iso_eng
                 assert cached == 0, (kind, cached)  # B never hits A's prefix
                 (b_first if kind == "b" else control).append(took)
             took, cached = complete(KEY_B, prompt)  # B's own repeat does hit: B's cache works
-            assert cached == PROMPT_TOKENS - 1
+            assert cached == PROMPT_TOKENS
             b_repeat.append(took)
         med = {
             name: statistics.median(values)
@@ -84,8 +84,8 @@ def test_tenant_b_gets_no_hit_and_no_ttft_advantage_from_tenant_a(serve, iso_eng
         assert med["B repeat"] < 0.4 * med["control"], med
         assert med["B first"] > 0.75 * med["control"], med  # ...and B's first request shows none
         stats = iso_engine.cache_stats
-        assert stats("bob").hit_tokens == (PROMPT_TOKENS - 1) * TRIALS  # only its own repeats
-        assert stats("alice").hit_tokens == (PROMPT_TOKENS - 1) * TRIALS
+        assert stats("bob").hit_tokens == PROMPT_TOKENS * TRIALS  # only its own repeats
+        assert stats("alice").hit_tokens == PROMPT_TOKENS * TRIALS
 
 
 def test_scheduler_and_prompt_probes_use_the_requests_own_namespace(loaded_model):
@@ -113,6 +113,6 @@ def test_scheduler_and_prompt_probes_use_the_requests_own_namespace(loaded_model
         for r in (bob_fresh, bob_alices, alice):
             assert r.done.wait(60)
         assert alice.started < bob_fresh.started < bob_alices.started
-        assert bob_alices.cached_tokens == 0 and alice.cached_tokens == 199
+        assert bob_alices.cached_tokens == 0 and alice.cached_tokens == 200  # with its saved logits
     finally:
         eng.close()

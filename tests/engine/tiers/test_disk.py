@@ -100,8 +100,8 @@ def test_a_restarted_engine_reads_the_disk_tier_and_promotes_it_to_ram(
         first = eng.generate(prompt, GREEDY)
         assert first.cached_tokens == len(prompt) - 1 and first.token_ids == expected  # as from RAM
         assert first.phases["tiers"] > 0
-        again = eng.generate(prompt, GREEDY)  # promoted: RAM serves all but the last token
-        assert again.cached_tokens == len(prompt) - 1 and again.token_ids == expected
+        again = eng.generate(prompt, GREEDY)  # promoted: RAM serves it, and the logits saved just now
+        assert again.cached_tokens == len(prompt) and again.token_ids == expected
         disk = eng.stats()["disk"]
         assert (disk["hit_requests"], disk["hit_tokens"], disk["read_blocks"]) == (1, 199, 4)
         assert disk["read_bytes"] == (192 + 11) * 46_080 and disk["rejected"] == 0  # the last block: 8 + 3
@@ -265,7 +265,7 @@ def test_a_full_disk_is_a_skipped_write_not_an_error(loaded_model, expected, pro
         assert r.token_ids == expected
         assert eng.stats()["disk"]["write_errors"] >= 1
         assert any("cannot write" in rec.message for rec in caplog.records)
-        assert eng.generate(prompt, GREEDY).cached_tokens == len(prompt) - 1  # RAM still serves
+        assert eng.generate(prompt, GREEDY).cached_tokens == len(prompt)  # RAM still serves (and its logits)
         assert eng.disk.flush(60)  # that request's writes too: a temp file exists while one is under way
         assert not [p for p in small_tmpfs.rglob("*") if p.is_file()]
     finally:

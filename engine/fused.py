@@ -169,8 +169,13 @@ class FusedLlamaRunner:
         for w in (first.wqkv, first.wo, first.wgu, first.wdown):
             if isinstance(w, (torch.Tensor, PackedLinear)):
                 self.menus[tuple(w.shape)] = menu(w.shape[1], w.shape[0], w.dtype)
-        self.attention_tiles = attention_menu(
-            self._attend, self.heads, self.kv_heads, self.head_dim, self.dtype, self.scale
+        # SDPA's query tiles, calibrated only where SDPA runs: no native kernel, or a KV format that
+        # stores another dtype than the kernel reads (PrefillAttention then falls back to them)
+        identity = kv_codec is None or kv_codec.identity
+        self.attention_tiles = (
+            attention_menu(self._attend, self.heads, self.kv_heads, self.head_dim, self.dtype, self.scale)
+            if self.attention is None or not identity
+            else None
         )
         # batch_invariant decode runs a prefill's shapes (TILE matmul rows, one query tile over full
         # key blocks): a token never depends on its batch mates, and its KV equals a prefill's

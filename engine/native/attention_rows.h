@@ -21,23 +21,45 @@
 
 #include <cmath>
 #include <limits>
-#include <vector>
+#include <memory>
 
 namespace prefixrag {
 
 constexpr int64_t KEYS = 64;  // keys per block: four score vectors, one online-softmax update
 static_assert(KEYS == 64, "a whole block's softmax sums four score vectors");
 
+// A 16 x 16 block of 32-bit words transposed in registers: r[i] holds row i, then column i.
+AVX512 inline void transpose16(__m512i* r) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: rows i, i + 1 interleaved
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // per lane: four rows' words 0, 1, 2, 3 of that lane
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // column 4 * lane + c: lane `lane` of rows 0-3, 4-7, 8-11, 12-15
+    const __m512i a = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88), b = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xDD);
+    const __m512i e = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88), f = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xDD);
+    t[c] = _mm512_shuffle_i32x4(a, e, 0x88);
+    t[8 + c] = _mm512_shuffle_i32x4(a, e, 0xDD);
+    t[4 + c] = _mm512_shuffle_i32x4(b, f, 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(b, f, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
 // One kv head's keys and values as 32-bit words of bf16 pairs, block by block, zero past `keys`:
-//  kt[block][dim pair][key]: a block's scores summed pair of dimensions by pair (AVX512-BF16);
+//  kt[block][dim pair][key]: a block's scores summed pair of dimensions by pair;
 //  vt[block][key pair][dim]: a block's value sums taken pair of keys by pair.
-// Pure data movement, 16 keys (gathered) or 32 dims (interleaved) per instruction: every call moves
-// all the keys its rows see, however few the rows.
+// Pure data movement, 16 x 16 words (transposed in registers) or 32 dims (interleaved) at a time:
+// every call moves all the keys its rows see, however few the rows.
 AVX512 inline void transpose_kv(const bf16* k, const bf16* v, int64_t d, int64_t keys, uint32_t* kt, uint32_t* vt,
                          int64_t b0, int64_t b1) {  // blocks [b0, b1)
   const int64_t pairs = d / 2;
-  const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(int(pairs)));
   alignas(64) uint16_t lo_idx[32], hi_idx[32];  // interleave two rows' 16-bit elements 0-15, then 16-31
   for (int j = 0; j < 32; ++j) {
     lo_idx[j] = uint16_t(j % 2 == 0 ? j / 2 : 32 + j / 2);
@@ -50,11 +72,13 @@ AVX512 inline void transpose_kv(const bf16* k, const bf16* v, int64_t d, int64_t
     uint32_t* vd = vt + b * (KEYS / 2) * d;
     for (int64_t j0 = 0; j0 < KEYS; j0 += 16) {
       const int64_t first = b * KEYS + j0, valid = std::max<int64_t>(0, std::min<int64_t>(16, keys - first));
-      const __mmask16 mask = valid == 16 ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
-      const uint32_t* src = k32 + (valid > 0 ? first * pairs : 0);
-      for (int64_t p = 0; p < pairs; ++p)
-        _mm512_storeu_si512(kd + p * KEYS + j0,
-                            _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, rows, src + p, 4));
+      for (int64_t p0 = 0; p0 < pairs; p0 += 16) {  // 16 keys x 16 pairs, keys past `keys` zero
+        __m512i r[16];
+        for (int64_t i = 0; i < 16; ++i)
+          r[i] = i < valid ? _mm512_loadu_si512(k32 + (first + i) * pairs + p0) : _mm512_setzero_si512();
+        transpose16(r);
+        for (int64_t p = 0; p < 16; ++p) _mm512_storeu_si512(kd + (p0 + p) * KEYS + j0, r[p]);
+      }
     }
     for (int64_t m = 0; m < KEYS / 2; ++m) {
       const int64_t key = b * KEYS + 2 * m;
@@ -194,7 +218,11 @@ torch::Tensor attend_rows(const torch::Tensor& q, const torch::Tensor& k, const 
   const int64_t keys = pos[t - 1] + 1;
   TORCH_CHECK(keys <= k.size(1) && keys <= v.size(1), "positions reach past the KV buffer's capacity");
   const int64_t blocks = (keys + KEYS - 1) / KEYS, block_words = KEYS * d / 2;
-  std::vector<uint32_t> kt(size_t(kv_heads * blocks * block_words)), vt(kt.size());
+  // scratch every word of which transpose_kv writes: not zeroed first
+  const size_t words = size_t(kv_heads * blocks * block_words);
+  const std::unique_ptr<uint32_t[]> kt_words(new uint32_t[words]), vt_words(new uint32_t[words]);
+  uint32_t* const kt = kt_words.get();
+  uint32_t* const vt = vt_words.get();
   const bf16* ks = reinterpret_cast<const bf16*>(k.data_ptr());
   const bf16* vs = reinterpret_cast<const bf16*>(v.data_ptr());
   // (kv head, block) items: a few heads over two threads would leave one idle for a third of it
@@ -202,16 +230,17 @@ torch::Tensor attend_rows(const torch::Tensor& q, const torch::Tensor& k, const 
     while (a < e) {
       const int64_t g = a / blocks, b0 = a % blocks, b1 = std::min(blocks, b0 + (e - a));
       const int64_t at = g * blocks * block_words;
-      transpose_kv(ks + g * k.stride(0), vs + g * v.stride(0), d, keys, kt.data() + at, vt.data() + at, b0, b1);
+      transpose_kv(ks + g * k.stride(0), vs + g * v.stride(0), d, keys, kt + at, vt + at, b0, b1);
       a += b1 - b0;
     }
   });
   // An item: a tile of consecutive query rows x a set of one group's heads (its whole group, unless
-  // a few tiles would leave threads idle: then one head), at most MAX_ROWS rows.
+  // fewer than Step::SPREAD tiles per thread would leave threads idle: then one head), at most
+  // MAX_ROWS rows.
   const int64_t threads = at::get_num_threads();
   constexpr int64_t MAX_ROWS = Step::ROWS;
   const int64_t span = std::min<int64_t>(group, MAX_ROWS);
-  const int64_t group_heads = (t + MAX_ROWS - 1) / MAX_ROWS * kv_heads >= 8 * threads ? span : 1;
+  const int64_t group_heads = (t + MAX_ROWS - 1) / MAX_ROWS * kv_heads >= Step::SPREAD * threads ? span : 1;
   const int64_t per_tile = std::max<int64_t>(1, MAX_ROWS / group_heads);
   const int64_t sets_per_group = (group + group_heads - 1) / group_heads;  // sets never straddle a group
   const int64_t tiles = (t + per_tile - 1) / per_tile, head_sets = kv_heads * sets_per_group;
@@ -238,7 +267,7 @@ torch::Tensor attend_rows(const torch::Tensor& q, const torch::Tensor& k, const 
         }
       const int64_t at = g * blocks * block_words;
       const auto item_fn = d == 64 ? attend_rows_item<64, Step> : attend_rows_item<128, Step>;
-      item_fn(n, qrow, rpos, kt.data() + at, vt.data() + at, vs + g * v.stride(0), float(scale), orow);
+      item_fn(n, qrow, rpos, kt + at, vt + at, vs + g * v.stride(0), float(scale), orow);
     }
     Step::leave();
   });

@@ -78,6 +78,7 @@ struct Kernels {
 // The blocks' products in register tiles of QK_ROWS (scores) and pv_rows<D> (value sums) rows.
 struct WideStep {
   static constexpr int ROWS = MAX_ROWS;
+  static constexpr int64_t SPREAD = 8;  // a few rows' items: one head each, for the threads' balance
   const uint32_t* q32[MAX_ROWS];
   int n;
 

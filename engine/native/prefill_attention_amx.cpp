@@ -16,6 +16,8 @@ using namespace prefixrag;
 
 struct AmxStep {
   static constexpr int ROWS = AMX_ROWS;
+  // an item costs the same for 1 row as for 16: always a group's heads together, fewer items
+  static constexpr int64_t SPREAD = 0;
   static constexpr int MAX_D = 128;
   alignas(64) bf16 q[ROWS][MAX_D] = {};  // the item's queries as one A operand, rows past n zero
   int n;

@@ -125,7 +125,9 @@ def test_rows_at_explicit_positions_equal_each_row_alone(attention):
     assert torch.allclose(attention(q[:1], k, v, torch.tensor([399]), SCALE)[0].float(), exact, atol=0.02)
 
 
-@pytest.mark.parametrize("amx", [pytest.param(True, id="amx-where-present"), pytest.param(False, id="no-amx")])
+@pytest.mark.parametrize(
+    "amx", [pytest.param(True, id="amx-where-present"), pytest.param(False, id="no-amx")]
+)
 @pytest.mark.parametrize(
     "heads,kv_heads,dim", [(9, 3, 64), (4, 4, 128), (16, 1, 64), (8, 2, 128), (14, 7, 64)]
 )

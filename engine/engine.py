@@ -39,6 +39,7 @@ from engine.kv.codec import KVCodec, KVGeometry, compute_dtype, make_codec
 from engine.kv.state import BLOCK_TOKENS, KVBuffer
 from engine.memory import trim_heap
 from engine.models import DEFAULT_MODEL, load_model
+from engine.openmp_pool import release_thread_pool
 from engine.request import (
     EngineError,
     GenerationResult,
@@ -137,6 +138,7 @@ class Engine:
             "saved_logits_hits": 0,  # requests whose whole prompt was cached, logits included
             "mixed_steps": 0,  # engine steps that ran a prefill chunk and a decode step
         }
+        release_thread_pool()  # loading ran OpenMP here: the engine's thread serves as the one team
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -802,6 +804,7 @@ class Engine:
             if self._stopping:
                 raise EngineError("engine is closed")
             if self._worker is None or not self._worker.is_alive():
+                release_thread_pool()  # this thread's OpenMP workers would throttle the engine's
                 self._worker = threading.Thread(target=self._loop, name="prefixrag-engine", daemon=True)
                 self._worker.start()
 

@@ -23,6 +23,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from engine.openmp_pool import release_thread_pool
+
 log = logging.getLogger(__name__)
 
 _WRITER_NICE = 19  # the writer (and the writeback its fsync does) yields the CPU to the model's threads
@@ -102,6 +104,8 @@ class WriteBehind:
                 log.exception("%s: writing a prefix failed", self.thread.name)
             finally:
                 self._queue.task_done()
+            if self._queue.empty():
+                release_thread_pool()  # an idle writer holds no OpenMP workers to throttle the engine's
 
     def _run_idle(self) -> None:
         assert self._idle is not None

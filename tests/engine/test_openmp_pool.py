@@ -1,0 +1,39 @@
+"""engine/openmp_pool.py: freeing the calling thread's OpenMP workers really ends those threads, and a
+later parallel region on that thread builds its team again (in a fresh process: other tests' engine
+and writer threads would change the thread count)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+CHECK = """
+import os, time, torch
+from engine.openmp_pool import release_thread_pool
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+def settle(expected):
+    deadline = time.monotonic() + 5
+    while threads() != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return threads()
+
+workers = torch.get_num_threads() - 1
+assert workers >= 1, "every machine this project runs on has 2 cores or more"
+x = torch.ones(8_000_000)
+x.add_(1)  # a parallel region: this thread's team exists
+with_team = threads()
+assert release_thread_pool()
+assert settle(with_team - workers) == with_team - workers, (with_team, threads())
+x.add_(1)
+assert settle(with_team) == with_team, (with_team, threads())
+assert bool((x == 3).all())
+print("ok")
+"""
+
+
+def test_release_ends_this_threads_workers_and_a_later_region_rebuilds_them():
+    done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

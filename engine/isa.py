@@ -102,6 +102,21 @@ def has_fast_bfloat16(flags: frozenset[str] | set[str] | None = None) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def amx_bf16_usable(flags: frozenset[str] | set[str] | None = None) -> bool:
+    """Whether this process may multiply bfloat16 in AMX tiles: the CPU has AMX-BF16 and oneDNN is not
+    limited below it (``ONEDNN_MAX_CPU_ISA``: the ``avx512-no-amx`` path emulates a CPU without AMX,
+    and the project's own AMX kernels follow it).
+
+    Example:
+        >>> amx_bf16_usable({"amx_bf16"}), amx_bf16_usable({"avx512_bf16"})  # doctest: +SKIP
+        (True, False)
+    """
+    flags = cpu_flags() if flags is None else flags
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    limited = limit.upper() not in ("", "ALL", "DEFAULT") and "AMX" not in limit.upper()
+    return "amx_bf16" in flags and not limited
+
+
 def code_paths(flags: frozenset[str] | set[str] | None = None) -> list[CodePath]:
     """The native path, then each narrower one this CPU can emulate."""
     flags = cpu_flags() if flags is None else flags

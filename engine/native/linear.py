@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from engine.isa import cpu_flags
+from engine.isa import amx_bf16_usable, cpu_flags
 from engine.native.build import NativeBuildError, native_module
 
 TILE_COLUMNS = 16  # tiles.h's column tile
@@ -191,9 +191,9 @@ def available(dtype: torch.dtype) -> bool:
 
 @functools.cache
 def amx_available() -> bool:
-    """Whether :meth:`TiledLinear.amx` runs here: a CPU with AMX-BF16, and the kernel built and let
-    use AMX's tile state."""
-    if "amx_bf16" not in cpu_flags():
+    """Whether :meth:`TiledLinear.amx` runs here: a CPU with AMX-BF16 that this process may use
+    (engine.isa.amx_bf16_usable), and the kernel built and let use AMX's tile state."""
+    if not amx_bf16_usable():
         return False
     try:
         return bool(native_module().amx_ready())
@@ -210,5 +210,5 @@ def amx_fits(weight: torch.Tensor) -> bool:
 
 def preferred(dtype: torch.dtype) -> bool:
     """Whether a runner computing in ``dtype`` multiplies with :class:`TiledLinear` by default: where
-    it is :func:`available`, except bfloat16 on CPUs with AMX (float32 has no AMX kernel to lose)."""
-    return available(dtype) and (dtype == torch.float32 or "amx_bf16" not in cpu_flags())
+    it is :func:`available`, except bfloat16 where AMX runs (float32 has no AMX kernel to lose)."""
+    return available(dtype) and (dtype == torch.float32 or not amx_bf16_usable())

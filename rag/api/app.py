@@ -61,7 +61,6 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.services = services
-    app.dependency_overrides[get_settings] = lambda: settings
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=services.metrics)  # sees every status

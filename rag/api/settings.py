@@ -244,5 +244,6 @@ class Settings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process's settings, read from the environment once (a FastAPI dependency; override it in tests)."""
+    """The process's settings, read from the environment (``create_app``'s default; routes read the
+    app's own through rag.api.deps.get_settings)."""
     return Settings()

@@ -185,7 +185,9 @@ def test_rag_chat_reads_the_prompt_ask_reads_and_scores_its_sources_alike(http, 
     assert [s["score"] for s in chat["sources"]] == [s["score"] for s in ask["sources"]]
     usage = chat["usage"]
     assert usage["prompt_tokens"] == ask["usage"]["prompt_tokens"]
-    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"]  # ask's prompt, its logits
+    assert (
+        usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"]
+    )  # ask's prompt, its logits
     ids = [s["chunk_id"] for s in chat["sources"]]
     cosine = pipeline.kb.similarity(question, ids)
     assert [s["score"] for s in chat["sources"]] == pytest.approx([cosine[i] for i in ids])

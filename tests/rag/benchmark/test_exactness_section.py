@@ -23,7 +23,9 @@ def test_the_section_measures_and_renders(loaded_model):
     # torch's Linears run calibrated row tiles; the native ones (any CPU with AVX2 and FMA) need none
     assert bool(fused["linear_tiles"]) is not runner.tiled and fused["linear_kernel"] == runner.linear_kernel
     # SDPA's query tiles are calibrated only where SDPA runs: the native attention kernel needs none
-    assert (fused["attention_tiles"] is None) if runner.attention is not None else 16 in fused["attention_tiles"]
+    assert (
+        (fused["attention_tiles"] is None) if runner.attention is not None else 16 in fused["attention_tiles"]
+    )
     assert native["int8_backend"] == int8_backend()
     not_run = bfloat16_not_run()  # bfloat16's cost is measured where the CPU multiplies it natively
     assert set(sec["cost"]) == ({"float32"} if not_run else {"float32", "bfloat16"})

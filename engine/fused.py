@@ -51,7 +51,7 @@ from engine.llama_weights import (
     int8_layers,
     weight_bytes,
 )
-from engine.native.attention import NativeAttention, preferred
+from engine.native.attention import NativeAttention
 from engine.native.build import NativeBuildError, build_key
 from engine.native.decode import NativeDecode, unavailable_reason
 from engine.native.int8 import Int8Tiled, int8_reason
@@ -93,7 +93,7 @@ class FusedLlamaRunner:
         exact_shapes: bool = True,
         native_decode: bool = True,
         native_rows: bool = True,
-        native_attention: bool | None = None,
+        native_attention: bool = True,
         native_linear: bool | None = None,
     ) -> None:
         reason = fused_unsupported_reason(model)
@@ -133,10 +133,9 @@ class FusedLlamaRunner:
         self.native_reason: str | None = None
         # a prefill's norms, RoPE and SiLU * value in one native pass each (engine.native.rows)
         self.rows = NativeRows.of(self.dtype, self.eps) if native_rows else None
-        # a prefill's attention, each row over its own keys (engine.native.attention; None: SDPA
-        # tiles): where preferred by default, wherever it can run with True, never with False
-        attention = {None: preferred, True: NativeAttention.of}.get(native_attention)
-        self.attention = attention(self.dtype, self.head_dim) if attention is not None else None
+        # a prefill's attention, each row over its own keys (engine.native.attention) wherever it can
+        # run, unless native_attention=False; None: SDPA in tiles
+        self.attention = NativeAttention.of(self.dtype, self.head_dim) if native_attention else None
         if weights == "int8":
             self.exact_head = (self.final_norm, model.lm_head.weight)
             self.layers, self.final_norm, self.lm_head = int8_layers(model, tokenizer, self.dtype)

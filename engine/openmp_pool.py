@@ -4,10 +4,9 @@ libgomp (torch's OpenMP runtime) keeps a pool of worker threads for every thread
 region. Once the process holds more of them than it has CPUs, a worker spins only 100 turns after a
 region before it sleeps (``GOMP_SPINCOUNT`` no longer counts), so each of a forward pass's ~400
 regions wakes a sleeping thread. A model loaded and checked on one thread and served on the engine's
-is that case: a 20-token prefill after 1,480 cached took 54 ms on a second thread against 37 ms on the
-loading one (Intel Xeon, 2 cores), and 38 ms once the loading thread's pool was freed.
-``omp_pause_resource_all`` (OpenMP 5.0) frees the calling thread's pool; a later region there builds a
-new one. Runtimes other than libgomp, or none loaded, make it a no-op.
+is that case (figures: docs/benchmarks/native/README.md). ``omp_pause_resource_all`` (OpenMP 5.0)
+frees the calling thread's pool; a later region there builds a new one. Runtimes other than libgomp,
+or none loaded, make it a no-op.
 
 Example:
     >>> release_thread_pool() in (True, False)

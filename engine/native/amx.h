@@ -38,8 +38,8 @@ constexpr TileConfig tile_config() {
   return cfg;
 }
 
-// eight tiles of 16 rows x 64 bytes. A constant: GCC dropped the stores that built a local config
-// before ldtilecfg read it (the instruction then faulted on the garbage rows)
+// eight tiles of 16 rows x 64 bytes. A constant, not a local: GCC may drop the stores to a local
+// config whose only reader is ldtilecfg, which then faults on the rows left unset
 alignas(64) inline constexpr TileConfig TILE_CONFIG = tile_config();
 
 // this thread's tiles

@@ -16,8 +16,8 @@ scores and whole-block value sums in AMX tiles, the softmax as the AVX512-BF16 k
 AVX512-BF16's where the CPU has it, else the float32 kernel over the bfloat16 queries, keys and
 values widened as they are read (its output rounded to bfloat16), over a bfloat16 KV store. The
 three give different bits, so a runner holds one for every call (:attr:`NativeAttention.name`, in
-its kernel signature). float32 runs wherever AVX2 and FMA do, over a float32 KV store. A runner
-prefers them all (:func:`preferred`); :meth:`NativeAttention.of` returns None where none can run.
+its kernel signature). float32 runs wherever AVX2 and FMA do, over a float32 KV store. A runner uses
+whichever runs here unless told not to; :meth:`NativeAttention.of` returns None where none can run.
 
 Example:
     >>> attn = NativeAttention.of(torch.bfloat16, head_dim=64)             # doctest: +SKIP
@@ -84,8 +84,3 @@ class NativeAttention:
         up to each row's position -> ``[T, H * D]``."""
         out: torch.Tensor = self._kernel(q.contiguous(), keys, values, positions, scale)
         return out
-
-
-def preferred(dtype: torch.dtype, head_dim: int) -> NativeAttention | None:
-    """The kernel a runner uses by default: :meth:`NativeAttention.of`."""
-    return NativeAttention.of(dtype, head_dim)

@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "attention_call.h"
 #include "bf16.h"
 
 #include <cmath>
@@ -198,25 +199,12 @@ AVX512 void attend_rows_item(int n, const bf16* const* qrow, const int64_t* pos,
 template <class Step>
 torch::Tensor attend_rows(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           const torch::Tensor& positions, double scale) {
-  TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && q.dim() == 3 && q.is_contiguous(), "q must be contiguous [T, H, D] bf16");
-  const int64_t t = q.size(0), heads = q.size(1), d = q.size(2);
-  TORCH_CHECK(d == 64 || d == 128, "head_dim must be 64 or 128, got ", d);
-  for (const auto* kv : {&k, &v})
-    TORCH_CHECK(kv->scalar_type() == torch::kBFloat16 && kv->dim() == 3 && kv->size(2) == d && kv->stride(2) == 1 &&
-                    kv->stride(1) == d,
-                "k/v must be [KVH, capacity, D] bf16 with contiguous rows");
-  const int64_t kv_heads = k.size(0), group = heads / kv_heads;
-  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0 && v.size(0) == kv_heads, "heads must be a multiple of kv_heads");
-  TORCH_CHECK(positions.scalar_type() == torch::kLong && positions.dim() == 1 && positions.numel() == t &&
-                  positions.is_contiguous(),
-              "positions must be contiguous [T] int64");
+  TORCH_CHECK(q.scalar_type() == torch::kBFloat16, "q must be bf16");
+  const int64_t keys = checked_attention_call(q, k, v, positions);
+  const int64_t t = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = k.size(0), group = heads / kv_heads;
   auto out = torch::empty({t, heads * d}, q.options());
   if (t == 0) return out;
   const int64_t* pos = positions.data_ptr<int64_t>();
-  for (int64_t i = 0; i < t; ++i)
-    TORCH_CHECK(pos[i] >= 0 && (i == 0 || pos[i] > pos[i - 1]), "positions must be ascending and >= 0");
-  const int64_t keys = pos[t - 1] + 1;
-  TORCH_CHECK(keys <= k.size(1) && keys <= v.size(1), "positions reach past the KV buffer's capacity");
   const int64_t blocks = (keys + KEYS - 1) / KEYS, block_words = KEYS * d / 2;
   // scratch every word of which transpose_kv writes: not zeroed first
   const size_t words = size_t(kv_heads * blocks * block_words);

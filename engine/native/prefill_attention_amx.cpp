@@ -14,6 +14,34 @@ namespace {
 
 using namespace prefixrag;
 
+// out[16][64] (rows out_ld bytes apart) = A . B from zero over `steps` depths of 32 bfloat16 inputs,
+// in order: step i's A tile (16 rows, a_ld bytes apart) at a + 64 i bytes, its B tiles (16 pair rows,
+// b_ld bytes apart) at b + b_step i bytes, the four 16-column tiles 64 bytes apart. C tiles 0-3, A tile
+// 4, B tiles 5-7.
+AMX void four_tile_sums(const void* a, int64_t a_ld, const void* b, int64_t b_ld, int64_t b_step, int steps,
+                        float* out, int64_t out_ld) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int i = 0; i < steps; ++i) {
+    const char* bi = static_cast<const char*>(b) + i * b_step;
+    _tile_loadd(4, static_cast<const char*>(a) + 64 * i, a_ld);
+    _tile_loadd(5, bi, b_ld);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, bi + 64, b_ld);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_loadd(7, bi + 128, b_ld);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_loadd(5, bi + 192, b_ld);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  _tile_stored(0, out, out_ld);
+  _tile_stored(1, out + 16, out_ld);
+  _tile_stored(2, out + 32, out_ld);
+  _tile_stored(3, out + 48, out_ld);
+}
+
 struct AmxStep {
   static constexpr int ROWS = AMX_ROWS;
   // an item costs the same for 1 row as for 16: always a group's heads together, fewer items
@@ -28,59 +56,20 @@ struct AmxStep {
   AMX static void enter() { load_tile_config(); }
   AMX static void leave() { _tile_release(); }
 
-  // s[r] = raw scores of every row against block kb ([pair][64 keys]): C tiles 0-3 (16 keys each),
-  // A tile 4 (32 of the queries' dimensions), B tiles 5-7
+  // s[r] = raw scores of every row against block kb ([pair][64 keys]), over the head's dimensions
   template <int D>
   AMX void scores(const uint32_t* kb, float (*s)[KEYS], int /*first*/) const {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int d = 0; d < D; d += AMX_DEPTH) {
-      const uint32_t* b = kb + d / 2 * KEYS;  // pairs d / 2 .. d / 2 + 16
-      _tile_loadd(4, &q[0][d], MAX_D * sizeof(bf16));
-      _tile_loadd(5, b, KEYS * 4);
-      _tile_dpbf16ps(0, 4, 5);
-      _tile_loadd(6, b + 16, KEYS * 4);
-      _tile_dpbf16ps(1, 4, 6);
-      _tile_loadd(7, b + 32, KEYS * 4);
-      _tile_dpbf16ps(2, 4, 7);
-      _tile_loadd(5, b + 48, KEYS * 4);
-      _tile_dpbf16ps(3, 4, 5);
-    }
-    _tile_stored(0, s[0], KEYS * 4);
-    _tile_stored(1, s[0] + 16, KEYS * 4);
-    _tile_stored(2, s[0] + 32, KEYS * 4);
-    _tile_stored(3, s[0] + 48, KEYS * 4);
+    four_tile_sums(&q[0][0], MAX_D * sizeof(bf16), kb, KEYS * 4, AMX_ROWS * KEYS * 4, D / AMX_DEPTH, s[0], KEYS * 4);
   }
 
-  // o[r] = o[r] * shrink[r] + pw[r] . block vb's values ([key pair][D]), rows [whole, n): the sums of
-  // 64 dimensions at a time in C tiles 0-3, A tile 4 (32 keys' weights), B tiles 5-7
+  // o[r] = o[r] * shrink[r] + pw[r] . block vb's values ([key pair][D]), rows [whole, n): the sums over
+  // the block's 64 keys, 64 dimensions at a time
   template <int D>
   AMX void values(const uint32_t* vb, const uint32_t (*pw)[KEYS / 2], const float* shrink, float (*o)[D],
                   int whole) const {
     alignas(64) float sums[ROWS][64];
     for (int c0 = 0; c0 < D; c0 += 64) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int j = 0; j < KEYS; j += AMX_DEPTH) {
-        const uint32_t* b = vb + j / 2 * D + c0;  // key pairs j / 2 .. j / 2 + 16, dims c0 ..
-        _tile_loadd(4, &pw[0][j / 2], KEYS / 2 * 4);
-        _tile_loadd(5, b, D * 4);
-        _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(6, b + 16, D * 4);
-        _tile_dpbf16ps(1, 4, 6);
-        _tile_loadd(7, b + 32, D * 4);
-        _tile_dpbf16ps(2, 4, 7);
-        _tile_loadd(5, b + 48, D * 4);
-        _tile_dpbf16ps(3, 4, 5);
-      }
-      _tile_stored(0, sums[0], 64 * 4);
-      _tile_stored(1, sums[0] + 16, 64 * 4);
-      _tile_stored(2, sums[0] + 32, 64 * 4);
-      _tile_stored(3, sums[0] + 48, 64 * 4);
+      four_tile_sums(&pw[0][0], KEYS / 2 * 4, vb + c0, D * 4, AMX_ROWS * D * 4, KEYS / AMX_DEPTH, sums[0], 64 * 4);
       for (int r = whole; r < n; ++r) {
         const __m512 f = _mm512_set1_ps(shrink[r]);
         for (int c = 0; c < 64; c += 16)

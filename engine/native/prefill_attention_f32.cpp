@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "attention_call.h"
 #include "bf16.h"
 #include "f32.h"
 
@@ -166,27 +167,12 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
 torch::Tensor attend_rows_f32(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& positions, double scale) {
   const auto dtype = q.scalar_type();
-  TORCH_CHECK((dtype == torch::kFloat32 || dtype == torch::kBFloat16) && q.dim() == 3 && q.is_contiguous(),
-              "q must be contiguous [T, H, D] float32 or bf16");
-  const int64_t t = q.size(0), heads = q.size(1), d = q.size(2);
-  TORCH_CHECK(d == 64 || d == 128, "head_dim must be 64 or 128, got ", d);
-  for (const auto* kv : {&k, &v})
-    TORCH_CHECK(kv->scalar_type() == dtype && kv->dim() == 3 && kv->size(2) == d && kv->stride(2) == 1 &&
-                    kv->stride(1) == d,
-                "k/v must be [KVH, capacity, D] of q's dtype with contiguous rows");
-  const int64_t kv_heads = k.size(0), group = heads / kv_heads;
-  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0 && v.size(0) == kv_heads, "heads must be a multiple of kv_heads");
-  TORCH_CHECK(positions.scalar_type() == torch::kLong && positions.dim() == 1 && positions.numel() == t &&
-                  positions.is_contiguous(),
-              "positions must be contiguous [T] int64");
+  TORCH_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16, "q must be float32 or bf16");
   TORCH_CHECK(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), "float32 attention needs AVX2 and FMA");
-  auto out = torch::empty({t, heads * d}, q.options());
-  if (t == 0) return out;
+  const int64_t keys = checked_attention_call(q, k, v, positions);
+  auto out = torch::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
+  if (keys == 0) return out;
   const int64_t* pos = positions.data_ptr<int64_t>();
-  for (int64_t i = 0; i < t; ++i)
-    TORCH_CHECK(pos[i] >= 0 && (i == 0 || pos[i] > pos[i - 1]), "positions must be ascending and >= 0");
-  const int64_t keys = pos[t - 1] + 1;
-  TORCH_CHECK(keys <= k.size(1) && keys <= v.size(1), "positions reach past the KV buffer's capacity");
   if (dtype == torch::kFloat32) attend_all<float>(q, k, v, pos, scale, out);
   else attend_all<bf16>(q, k, v, pos, scale, out);
   return out;

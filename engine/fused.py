@@ -279,16 +279,21 @@ class FusedLlamaRunner:
             return int8_linear(x, weight, bias)
         if isinstance(weight, Int8Tiled):  # int8_linear's bits
             return weight(x, bias)
-        # decode's few rows, or rows whose KV no cache holds: no row-exactness promised, one call
-        if x.shape[0] < TILE or not (exact and self.exact_shapes):
+        if self._one_call(x, exact):
             if isinstance(weight, PackedLinear):
-                return weight(x) if bias is None else weight(x) + bias
+                return weight(x, bias)
             return F.linear(x, weight, bias)
-        # the lm_head has no menu: it only ever runs one tile of rows (or decode's few)
-        menu = self.menus.get(tuple(weight.shape), BASE_MENU)
         if isinstance(weight, PackedLinear):
-            return weight.tiled(x, menu, bias)
-        return tiled_linear(x, weight, menu, bias)
+            return weight.tiled(x, self._menu(weight), bias)
+        return tiled_linear(x, weight, self._menu(weight), bias)
+
+    def _one_call(self, x: torch.Tensor, exact: bool) -> bool:
+        # decode's few rows, or rows whose KV no cache holds: no row-exactness promised, one call
+        return x.shape[0] < TILE or not (exact and self.exact_shapes)
+
+    def _menu(self, weight: torch.Tensor | PackedLinear) -> TileMenu:
+        # the lm_head has no menu: it only ever runs one tile of rows (or decode's few)
+        return self.menus.get(tuple(weight.shape), BASE_MENU)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.rows is not None and x.dim() == 2:
@@ -338,6 +343,10 @@ class FusedLlamaRunner:
         # the native Linear's epilogue where it runs, the same bits as torch's add
         if isinstance(weight, TiledLinear):
             return weight(h, bias, residual=x)
+        if isinstance(weight, PackedLinear):
+            if self._one_call(h, exact):
+                return weight(h, bias, residual=x)
+            return weight.tiled(h, self._menu(weight), bias, residual=x)
         return x + self._linear(h, weight, bias, exact)
 
     def _attend(

@@ -10,8 +10,10 @@ reads them as they are), as do machines without oneDNN's bfloat16 support.
 
 On CPUs with AMX, calls of up to ``AMX_ROWS`` rows run in the native AMX kernel instead
 (engine.native.linear's :meth:`~engine.native.linear.TiledLinear.amx`, over the column tiles the
-native decode step holds anyway): the same bits as oneDNN's at any row count, without its per-call
-overhead, so a warm request's few new tokens stream the weights at the decode step's rate.
+native decode step holds anyway): each row gets the bits of oneDNN's ``TILE``-row call whatever the
+row count, without oneDNN's per-call overhead, so a warm request's few new tokens stream the weights
+at the decode step's rate, and a stitched prefill's few hundred rows run faster than in oneDNN. The
+kernel adds the bias and a residual in its epilogue, with the bits of torch's adds.
 
 Example:
     >>> w = torch.randn(960, 576).bfloat16()
@@ -32,7 +34,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from engine.native.linear import TiledLinear, amx_fits
 from engine.row_tiles import TileMenu, cached_menu, calibrate, problem_rows, tiled_linear
 
-AMX_ROWS = 128  # the most rows a call sends to the AMX kernel (faster than oneDNN's below ~256 rows)
+AMX_ROWS = 384  # the most rows a call sends to the AMX kernel (oneDNN's is faster from ~512 rows on)
 _ROWS_HINT = 1  # the batch size oneDNN tunes the packed layout for: decode's common case
 # packed copies per weight tensor: runners over one model (engines in one process) share them
 _packed: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -86,22 +88,38 @@ class PackedLinear:
         assert held is not None
         return held.numel() * held.element_size()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """One call over all of ``x``'s rows (decode's few; no row-exactness promised)."""
+    def __call__(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """One call over all of ``x``'s rows (decode's few, a stitched prefill's; no row-exactness
+        promised), then ``+ bias`` and ``residual +`` as torch's bfloat16 adds."""
         if self.amx is not None and x.shape[0] <= AMX_ROWS:
-            return self.amx.amx(x)
+            return self.amx.amx(x, bias, residual)
         if self.packed is None:
             assert self.plain is not None
-            return F.linear(x, self.plain)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+            out = F.linear(x, self.plain)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        return _added(out, bias, residual)
 
-    def tiled(self, x: torch.Tensor, menu: TileMenu, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def tiled(
+        self,
+        x: torch.Tensor,
+        menu: TileMenu,
+        bias: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``x`` as calls of ``menu``'s row counts (:func:`packed_menu`): row i depends on x[i] alone;
-        the bias added afterwards, elementwise (a call the AMX kernel takes needs no tiles: its rows
-        get these bits at any count)."""
+        the bias and ``residual`` added afterwards, elementwise (a call the AMX kernel takes needs no
+        tiles: its rows get these bits at any count)."""
         if self.amx is not None and x.shape[0] <= AMX_ROWS:
-            return self.amx.amx(x, bias)
-        return tiled_linear(x, x.new_empty(0), menu, bias, matmul=self)
+            return self.amx.amx(x, bias, residual)
+        return _added(tiled_linear(x, x.new_empty(0), menu, bias, matmul=self), None, residual)
+
+
+def _added(out: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None) -> torch.Tensor:
+    out = out if bias is None else out + bias
+    return out if residual is None else residual + out
 
 
 def packed_menu(in_features: int, out_features: int, dtype: torch.dtype) -> TileMenu:

@@ -2,9 +2,10 @@
 // 16 output columns is AMX's B operand as it lies in memory: y = bf16(x @ w^T), then + bias and a
 // residual as torch's adds (round_block).
 //
-// Invariants: every output is tdpbf16ps's sum over k in order, 32 inputs at a time, from zero: the bits
-// of oneDNN's AMX bfloat16 Linear at any row count (tests/engine/native/test_linear_amx.py), so a
-// runner may send any call here or to oneDNN without changing a bit of any row. A row's result depends
+// Invariants: every output is tdpbf16ps's sum over k in order, 32 inputs at a time, from zero: at any
+// row count, the bits oneDNN's AMX bfloat16 Linear gives a row in a 16-row call
+// (tests/engine/native/test_linear_amx.py; oneDNN blocks some larger calls' sums otherwise), so a
+// runner may send any call here, or a call of a calibrated row tile to oneDNN, without changing a bit. A row's result depends
 // on that row alone (a short last block of rows is padded with zeros), and threads split the output
 // columns, never a sum.
 #include <ATen/Parallel.h>

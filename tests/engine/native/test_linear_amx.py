@@ -1,6 +1,6 @@
-"""The AMX Linear (engine/native/linear_amx.cpp): on CPUs with AMX, oneDNN's AMX bfloat16 Linear to the
-bit at any row count, with the bias and a residual added as torch adds them; a oneDNN-packed Linear
-sends its small calls there (engine.packed_linear) sharing the decode step's column tiles; and a
+"""The AMX Linear (engine/native/linear_amx.cpp): on CPUs with AMX, every row at any row count gets the
+bits of oneDNN's AMX bfloat16 Linear in a 16-row call, with the bias and a residual added as torch
+adds them; a oneDNN-packed Linear sends its calls of up to AMX_ROWS rows there (engine.packed_linear) sharing the decode step's column tiles; and a
 runner over both still reuses cached KV exactly. On a CPU without AMX, the kernel says so and nothing
 sends it a call."""
 
@@ -52,6 +52,20 @@ def test_onednns_bits_at_any_row_count(shape):
 
 
 @needs_amx
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_every_row_gets_its_16_row_tiles_bits_at_a_few_hundred_rows(shape):
+    # oneDNN itself blocks some of these counts' sums another way (256 rows over 1,536 inputs on one
+    # Xeon): its 16-row tiles are the reference
+    w = weight(*shape)
+    tiled, packed = TiledLinear.of(w), PackedLinear(w, torch.ops.mkldnn._reorder_linear_weight(w, 1))
+    x = rows(AMX_ROWS + 16, shape[1])
+    with torch.inference_mode():
+        base = packed.tiled(x, BASE_MENU)
+        for m in (256, AMX_ROWS, AMX_ROWS + 16):
+            assert torch.equal(tiled.amx(x[:m]), base[:m]), m
+
+
+@needs_amx
 def test_bias_and_residual_as_torchs_adds():
     w = weight(960, 576)
     tiled = TiledLinear.of(w)
@@ -77,6 +91,19 @@ def test_packed_linear_sends_small_calls_to_amx_on_the_decode_steps_tiles():
             )
 
 
+@needs_amx
+def test_packed_linear_adds_bias_and_residual_as_torch_on_either_kernel():
+    w = weight(960, 576)
+    packed = PackedLinear.of(w)
+    bias = torch.randn(960, generator=torch.Generator().manual_seed(3)).bfloat16()
+    x, residual = rows(AMX_ROWS + 16, 576), rows(AMX_ROWS + 16, 960, seed=2)
+    with torch.inference_mode():
+        for m in (20, AMX_ROWS + 16):  # the AMX kernel's epilogue, then oneDNN and torch's adds
+            assert torch.equal(packed(x[:m], bias, residual[:m]), residual[:m] + (packed(x[:m]) + bias)), m
+            tiled = packed.tiled(x[:m], BASE_MENU, bias, residual[:m])
+            assert torch.equal(tiled, residual[:m] + (packed.tiled(x[:m], BASE_MENU) + bias)), m
+
+
 def test_the_kernel_states_where_it_runs():
     assert amx_available() == (AMX and bool(native_module().amx_ready()))
     assert not amx_fits(weight(960, 560))  # k not a multiple of 32
@@ -98,7 +125,8 @@ def test_runner_reuses_cached_kv_exactly_with_amx_calls():
         whole = runner.new_buffer(600)
         full = runner.prefill(ids, whole)
         split = runner.new_buffer(600)
-        for start, end in ((0, 512), (512, 590), (590, 599), (599, 600)):  # oneDNN tiles, then AMX calls
+        # whole: oneDNN's 512-row tile, then AMX; split: AMX calls of 300, 290, 9 and 1 rows
+        for start, end in ((0, 300), (300, 590), (590, 599), (599, 600)):
             last = runner.prefill(ids[start:end], split)
     assert torch.equal(last, full)
     k_whole, v_whole = whole.stores()

@@ -34,9 +34,9 @@ from engine.encoding import PromptInput, encode_prompt
 from engine.exact_reuse import ExactReuse, check_exact_reuse
 from engine.fused import FusedLlamaRunner, drop_float_linears, fused_unsupported_reason
 from engine.kv.block_pool import KVBlockPool
-from engine.kv.buffer_pool import BufferPool
+from engine.kv.buffer_pool import BufferPool, Held, Want
 from engine.kv.codec import KVCodec, KVGeometry, compute_dtype, make_codec
-from engine.kv.state import BLOCK_TOKENS, KVBuffer
+from engine.kv.state import BLOCK_TOKENS, KVBuffer, skip_tokens
 from engine.memory import trim_heap
 from engine.models import DEFAULT_MODEL, load_model
 from engine.openmp_pool import release_thread_pool
@@ -137,6 +137,7 @@ class Engine:
             "prefill_chunks": 0,
             "saved_logits_hits": 0,  # requests whose whole prompt was cached, logits included
             "mixed_steps": 0,  # engine steps that ran a prefill chunk and a decode step
+            "held_tokens": 0,  # matched tokens a request's recycled buffer already held (not copied)
         }
         release_thread_pool()  # loading ran OpenMP here: the engine's thread serves as the one team
 
@@ -519,8 +520,11 @@ class Engine:
             req.saved_logits = self.saved_logits.get(req.namespace, ids)
         match = self._match(req)
         clock = req.phase("match", clock)
-        req.buffer = self.buffers.take(self.runner.new_buffer, len(ids) + min(req.max_new_tokens, 512))
-        req.cached_tokens = req.buffer.load_prefix(match.values)
+        want = Want(req.namespace, ids, match.length) if match.length else None
+        req.buffer = self.buffers.take(self.runner.new_buffer, len(ids) + min(req.max_new_tokens, 512), want)
+        held = req.buffer.length  # a finished request's KV of our first tokens, as the cache keeps it
+        req.cached_tokens = held + req.buffer.load_prefix(skip_tokens(match.values, held), start=held)
+        self._counters["held_tokens"] += held
         clock = req.phase("load", clock)
         if req.saved_logits is not None and req.cached_tokens < len(ids):  # its KV left the cache
             req.buffer.truncate(min(req.cached_tokens, len(ids) - 1))
@@ -749,7 +753,7 @@ class Engine:
                 # the KV of prompt + completion (the last sampled token was never fed) for the next turn
                 self._insert(req, buf.length)
         finally:
-            self._release(req)
+            self._release(req, keep_kv=reason != "error")
         tail = req.detok.flush() if reason != "cancelled" else ""
         result = req.result(reason)
         key = {"cancelled": "cancelled"}.get(reason, "finished")
@@ -768,18 +772,29 @@ class Engine:
             self._running.remove(req)
         if self._prefilling is req:
             self._prefilling = None
-        self._release(req)
+        self._release(req, keep_kv=False)  # a failure may have left its buffer part written
         self._counters["failed"] += 1
         req.publish(exc)
         req.done.set()
 
-    def _release(self, req: Request) -> None:
+    def _release(self, req: Request, keep_kv: bool = True) -> None:
         if req.node is not None:
             self.cache.unlock(req.node)
             req.node = None
-        if req.buffer is not None:
-            self.buffers.give(req.buffer)  # the cache copied what it keeps: the storage is free
+        if req.buffer is not None:  # the cache copied what it keeps: the storage is free
+            self.buffers.give(req.buffer, self._held(req) if keep_kv else None)
         req.buffer = None
+
+    def _held(self, req: Request) -> Held | None:
+        """The tokens whose KV the request's buffer holds as the cache keeps it (every token it fed
+        but a chunks-mode prompt's stitched part and what followed), for a later request to start on."""
+        assert req.buffer is not None
+        length = req.buffer.length
+        if req.plan is not None:
+            length = min(length, req.plan.exact_end)
+        if not self.caching or not length:
+            return None
+        return Held(req.namespace, tuple(req.all_ids[:length]))
 
     def _guarded(self, req: Request, fn: Any) -> Any:
         """``fn(req)``'s result; a failure fails that request alone (None)."""

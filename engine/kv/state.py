@@ -232,6 +232,24 @@ class KVSegment:
         )
 
 
+def skip_tokens(segments: Sequence[KVSegment], count: int) -> list[KVSegment]:
+    """The segments (in token order) less their first ``count`` tokens in all (views, no copy).
+
+    Example:
+        >>> seg = KVSegment(torch.zeros(2, 1, 10, 4), torch.zeros(2, 1, 10, 4))
+        >>> [len(s) for s in skip_tokens([seg, seg[:5]], 12)]
+        [3]
+    """
+    out: list[KVSegment] = []
+    start = 0
+    for seg in segments:
+        end = start + len(seg)
+        if end > count:
+            out.append(seg if start >= count else seg[count - start :])
+        start = end
+    return out
+
+
 def _check_shapes(keys: torch.Tensor, values: torch.Tensor) -> None:
     if keys.dim() != 4 or values.dim() != 4 or keys.shape[2] != values.shape[2]:
         raise ValueError(

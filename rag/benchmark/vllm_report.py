@@ -165,7 +165,9 @@ def _stream(res: dict[str, Any]) -> list[str]:
         "### The RAG stream",
         "",
         f"The benchmark's first {stream['requests']} stream requests, each prompt assembled once and sent "
-        "as token ids to each system, the order rotating (prefixrag in process, vLLM over HTTP).",
+        "as token ids to each system, the order rotating (prefixrag in process, vLLM over HTTP); "
+        f"after each vLLM request the next system waits {stream.get('pause_s', 0.3):g} s, because vLLM's "
+        "engine keeps a core busy polling for about a second after a request.",
         "",
         "| system | mean TTFT | p50 TTFT | prompt tokens reused | vLLM's mean over this |",
         "|---|---|---|---|---|",

@@ -167,7 +167,13 @@ def _stream(res: dict[str, Any]) -> list[str]:
         f"The benchmark's first {stream['requests']} stream requests, each prompt assembled once and sent "
         "as token ids to each system, the order rotating (prefixrag in process, vLLM over HTTP); "
         f"after each vLLM request the next system waits {stream.get('pause_s', 0.3):g} s, because vLLM's "
-        "engine keeps a core busy polling for about a second after a request.",
+        "engine keeps a core busy polling for about a second after a request"
+        + (
+            f"; each measured request follows a {stream['ping_tokens']}-token one to the same system, so "
+            "each is measured hot (vLLM starts a request slower once its poll has stopped)."
+            if stream.get("ping_tokens")
+            else "."
+        ),
         "",
         "| system | mean TTFT | p50 TTFT | prompt tokens reused | vLLM's mean over this |",
         "|---|---|---|---|---|",

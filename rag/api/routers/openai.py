@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
@@ -92,12 +91,11 @@ async def chat_completions(
         grounded = GroundedChat(services.ready_pipeline(), messages, params, namespace=namespace, scope=scope)
         gen = await Generation.start(services, "chat", grounded, ENGINE, param="messages")
         sources = grounded.sources
-    else:
-        prompt = await anyio.to_thread.run_sync(services.chat_prompt, messages, limiter=services.limiter)
+    else:  # tokenized in the worker thread that opens the stream: one hand-off, not two
         gen = await Generation.start(
             services,
             "chat",
-            lambda: engine.stream(prompt, params, namespace=namespace),
+            lambda: engine.stream(services.chat_prompt(messages), params, namespace=namespace),
             ENGINE,
             param="messages",
         )

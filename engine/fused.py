@@ -270,22 +270,30 @@ class FusedLlamaRunner:
 
     # ---- building blocks --------------------------------------------------------------------
     def _linear(
-        self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, exact: bool = True
+        self,
+        x: torch.Tensor,
+        weight: Weight,
+        bias: torch.Tensor | None = None,
+        exact: bool = True,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # every projection and the lm_head go through here: x [T, in] -> [T, out]
+        # every projection and the lm_head go through here: x [T, in] -> [T, out], then residual + that
+        # (in the kernel's epilogue where it has one: the same bits as torch's add)
         if isinstance(weight, TiledLinear):  # each row alone: no tiles needed
-            return weight(x, bias)
-        if isinstance(weight, Int8Weight):
-            return int8_linear(x, weight, bias)
-        if isinstance(weight, Int8Tiled):  # int8_linear's bits
-            return weight(x, bias)
-        if self._one_call(x, exact):
-            if isinstance(weight, PackedLinear):
-                return weight(x, bias)
-            return F.linear(x, weight, bias)
+            return weight(x, bias, residual)
         if isinstance(weight, PackedLinear):
-            return weight.tiled(x, self._menu(weight), bias)
-        return tiled_linear(x, weight, self._menu(weight), bias)
+            if self._one_call(x, exact):
+                return weight(x, bias, residual)
+            return weight.tiled(x, self._menu(weight), bias, residual)
+        if isinstance(weight, Int8Weight):
+            out = int8_linear(x, weight, bias)
+        elif isinstance(weight, Int8Tiled):  # int8_linear's bits
+            out = weight(x, bias)
+        elif self._one_call(x, exact):
+            out = F.linear(x, weight, bias)
+        else:
+            out = tiled_linear(x, weight, self._menu(weight), bias)
+        return out if residual is None else residual + out
 
     def _one_call(self, x: torch.Tensor, exact: bool) -> bool:
         # decode's few rows, or rows whose KV no cache holds: no row-exactness promised, one call
@@ -339,15 +347,8 @@ class FusedLlamaRunner:
         bias: torch.Tensor | None = None,
         exact: bool = True,
     ) -> torch.Tensor:
-        # the residual stream x [T, hidden] plus the projection of h (o_proj, down_proj): the add in
-        # the native Linear's epilogue where it runs, the same bits as torch's add
-        if isinstance(weight, TiledLinear):
-            return weight(h, bias, residual=x)
-        if isinstance(weight, PackedLinear):
-            if self._one_call(h, exact):
-                return weight(h, bias, residual=x)
-            return weight.tiled(h, self._menu(weight), bias, residual=x)
-        return x + self._linear(h, weight, bias, exact)
+        # the residual stream x [T, hidden] plus the projection of h (o_proj, down_proj)
+        return self._linear(h, weight, bias, exact, residual=x)
 
     def _attend(
         self,

@@ -34,7 +34,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 from engine.native.linear import TiledLinear, amx_fits
 from engine.row_tiles import TileMenu, cached_menu, calibrate, problem_rows, tiled_linear
 
-AMX_ROWS = 384  # the most rows a call sends to the AMX kernel (oneDNN's is faster from ~512 rows on)
+AMX_ROWS = (
+    384  # the most rows a call sends to the AMX kernel: past it oneDNN's is faster (docs/benchmarks/native)
+)
 _ROWS_HINT = 1  # the batch size oneDNN tunes the packed layout for: decode's common case
 # packed copies per weight tensor: runners over one model (engines in one process) share them
 _packed: WeakIdKeyDictionary = WeakIdKeyDictionary()

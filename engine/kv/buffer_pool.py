@@ -12,7 +12,7 @@ inserted the same tokens first, they were computed on the same kernels). Given w
 namespace and token ids whose KV it holds, from position 0), the pool hands that storage to a later
 request of the same namespace whose prompt starts with some of those tokens, already that long: the
 request then copies from the cache only the rest of its match. A repeated prompt, a question changed at
-its end, or a chat's next turn skips copying its prefix (~4 ms for 1,500 tokens, at memory speed).
+its end, or a chat's next turn skips copying its prefix, a copy at memory speed.
 
 Example:
     >>> pool = BufferPool(max_bytes=1 << 30)

@@ -165,15 +165,8 @@ def _stream(res: dict[str, Any]) -> list[str]:
         "### The RAG stream",
         "",
         f"The benchmark's first {stream['requests']} stream requests, each prompt assembled once and sent "
-        "as token ids to each system, the order rotating (prefixrag in process, vLLM over HTTP); "
-        f"after each vLLM request the next system waits {stream.get('pause_s', 0.3):g} s, because vLLM's "
-        "engine keeps a core busy polling for about a second after a request"
-        + (
-            f"; each measured request follows a {stream['ping_tokens']}-token one to the same system, so "
-            "each is measured hot (vLLM starts a request slower once its poll has stopped)."
-            if stream.get("ping_tokens")
-            else "."
-        ),
+        "as token ids to each system, the order rotating (prefixrag in process, vLLM over HTTP)"
+        + _stream_pacing(stream),
         "",
         "| system | mean TTFT | p50 TTFT | prompt tokens reused | vLLM's mean over this |",
         "|---|---|---|---|---|",
@@ -204,3 +197,19 @@ def _value(row: dict[str, Any], key: str, unit: str) -> str:
 
 def _met(ok: bool) -> str:
     return "met" if ok else "**missed**"
+
+
+def _stream_pacing(stream: dict[str, Any]) -> str:
+    """How the stream paced its systems, as its results record it (older results record neither)."""
+    parts = []
+    if "pause_s" in stream:
+        parts.append(
+            f"after each vLLM request the next system waits {stream['pause_s']:g} s, because vLLM's engine "
+            "keeps a core busy polling for about a second after a request"
+        )
+    if stream.get("ping_tokens"):
+        parts.append(
+            f"each measured request follows a {stream['ping_tokens']}-token one to the same system, so each "
+            "is measured hot (vLLM starts a request slower once its poll has stopped)"
+        )
+    return "".join(f"; {p}" for p in parts) + "."

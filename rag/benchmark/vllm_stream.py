@@ -7,8 +7,8 @@ ids to all three. Chunks mode runs after every chunk the requests retrieve was w
 section. The order rotates request by request; a pause separates a vLLM request from the next one on
 another system: vLLM's engine keeps a core busy polling for a while after each request, which would
 take one of the next system's two cores. Once that poll has stopped, vLLM's next request starts
-slower (about 450 against 300 ms for a new 800-token prompt on the Intel Xeon), so each system gets a
-few-token request right before each measured one: every system is measured hot, as in steady serving.
+slower, so each system gets a few-token request right before each measured one: every system is
+measured hot, as in steady serving.
 
 Example:
     >>> run_stream("http://127.0.0.1:8000/v1", 24, print)["vLLM"]["ttft_s"]["mean"]   # doctest: +SKIP
@@ -34,7 +34,7 @@ from rag.pipeline import Pipeline
 from rag.warming import warm_chunks
 
 VLLM, PREFIX, CHUNKS = "vLLM (automatic prefix caching)", "prefixrag prefix", "prefixrag chunks (warmed)"
-SPIN_PAUSE_S = 2.0  # longer than vLLM polls a core after a request (1.0-1.5 s on the Intel Xeon)
+SPIN_PAUSE_S = 2.0  # longer than vLLM polls a core after a request (docs/benchmarks/native/README.md)
 PING_TOKENS = 8  # under vLLM's 16-token cache block: a ping caches nothing the stream could reuse
 
 

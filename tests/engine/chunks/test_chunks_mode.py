@@ -190,7 +190,10 @@ def test_exact_mode_never_reads_stitched_kv(engine_chunks, engine_nocache):
         placed.load_prefix(hit.values)
         runner.prefill(key, alone)
         close(placed.stores()[0][:, :, :, : len(key)], alone.stores()[0][:, :, :, : len(key)])
+    # the stitched request's recycled buffer hands on its exact part alone
+    held = engine_chunks.stats()["held_tokens"]
     exact = engine_chunks.generate(ids, GREEDY, namespace=ns, reuse="prefix")
+    assert engine_chunks.stats()["held_tokens"] - held == exact_end
     assert exact.token_ids == engine_nocache.generate(ids, GREEDY).token_ids
 
 

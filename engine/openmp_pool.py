@@ -5,8 +5,10 @@ region. Once the process holds more of them than it has CPUs, a worker spins onl
 region before it sleeps (``GOMP_SPINCOUNT`` no longer counts), so each of a forward pass's ~400
 regions wakes a sleeping thread. A model loaded and checked on one thread and served on the engine's
 is that case (figures: docs/benchmarks/native/README.md). ``omp_pause_resource_all`` (OpenMP 5.0)
-frees the calling thread's pool; a later region there builds a new one. Runtimes other than libgomp,
-or none loaded, make it a no-op.
+frees the calling thread's pool; a later region there builds a new one. A process may hold several
+libgomps (scikit-learn's wheel bundles its own, which sentence-transformers loads), each with its own
+pools and count, so the release goes to every libgomp loaded, torch's among them. Runtimes other than
+libgomp, or none loaded, make it a no-op.
 
 Example:
     >>> release_thread_pool() in (True, False)
@@ -22,21 +24,24 @@ from pathlib import Path
 OMP_PAUSE_SOFT = 1
 
 
-@functools.cache
-def _libgomp() -> ctypes.CDLL | None:
-    """The libgomp this process has loaded (torch's), or None."""
+def loaded_libgomps() -> list[str]:
+    """The paths of every libgomp this process has loaded, in load order."""
     maps = Path("/proc/self/maps")
     if not maps.exists():
-        return None
-    for line in maps.read_text().splitlines():
-        path = line.split()[-1]
-        if "libgomp" in Path(path).name:
-            lib = ctypes.CDLL(path)
-            return lib if hasattr(lib, "omp_pause_resource_all") else None
-    return None
+        return []
+    paths = (line.split()[-1] for line in maps.read_text().splitlines())
+    return list(dict.fromkeys(p for p in paths if "libgomp" in Path(p).name))
+
+
+@functools.cache
+def _runtime(path: str) -> ctypes.CDLL | None:
+    lib = ctypes.CDLL(path)
+    return lib if hasattr(lib, "omp_pause_resource_all") else None
 
 
 def release_thread_pool() -> bool:
-    """Free the calling thread's OpenMP workers (not inside a parallel region); whether it did."""
-    lib = _libgomp()
-    return lib is not None and lib.omp_pause_resource_all(OMP_PAUSE_SOFT) == 0
+    """Free the calling thread's OpenMP workers in every libgomp loaded (not inside a parallel
+    region); whether one did."""
+    runtimes = [lib for lib in map(_runtime, loaded_libgomps()) if lib is not None]
+    released = [lib.omp_pause_resource_all(OMP_PAUSE_SOFT) == 0 for lib in runtimes]  # each, not any()'s first
+    return any(released)

@@ -1,6 +1,6 @@
 """engine/openmp_pool.py: freeing the calling thread's OpenMP workers really ends those threads, and a
 later parallel region on that thread builds its team again (in a fresh process: other tests' engine
-and writer threads would change the thread count)."""
+and writer threads would change the thread count), also where another libgomp was loaded first."""
 
 from __future__ import annotations
 
@@ -8,8 +8,14 @@ import subprocess
 import sys
 
 CHECK = """
-import os, time, torch
-from engine.openmp_pool import release_thread_pool
+import os, sys, time
+if "second-runtime" in sys.argv:
+    import sklearn  # its wheel's own libgomp, loaded before torch's
+import torch
+from engine.openmp_pool import loaded_libgomps, release_thread_pool
+
+if "second-runtime" in sys.argv:
+    assert len(loaded_libgomps()) == 2, loaded_libgomps()
 
 def threads():
     return len(os.listdir("/proc/self/task"))
@@ -34,6 +40,17 @@ print("ok")
 """
 
 
-def test_release_ends_this_threads_workers_and_a_later_region_rebuilds_them():
-    done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
+def _check(*args: str) -> None:
+    done = subprocess.run([sys.executable, "-c", CHECK, *args], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_release_ends_this_threads_workers_and_a_later_region_rebuilds_them():
+    _check()
+
+
+def test_release_reaches_torchs_runtime_when_another_libgomp_loaded_first():
+    # sentence-transformers imports scikit-learn, whose wheel bundles a libgomp of its own: releasing
+    # only the first libgomp in the process's maps had freed nothing of torch's (every forward-pass
+    # region then woke a sleeping worker)
+    _check("second-runtime")

@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 
 _NS_SEP = "\x1f"  # joins model id and tenant namespace
 _PUBLIC_SEP = "\x1e"  # follows the model id in the public namespace, which no tenant's can equal
+# idle this long, the engine's thread frees its OpenMP team: libgomp throttles every team's spin while
+# two are held (engine.openmp_pool), and back-to-back requests keep theirs
+TEAM_KEEP_S = 0.02
 
 
 class Engine:
@@ -484,26 +487,32 @@ class Engine:
 
     def _loop(self) -> None:
         untrimmed = False  # requests served since the heap was last trimmed
+        teamed = False  # steps run since this thread's OpenMP team was last freed
         while True:
-            trim = False
-            with self._wakeup:
-                idle_s = self.config.idle_trim_s
-                if untrimmed and idle_s is not None and not self._stopping and not self._has_work():
-                    self._wakeup.wait(idle_s)  # a quiet moment: the responses go out too
-                    trim = not self._stopping and not self._has_work()
-            if trim:  # idle after serving: hand what the finished requests freed back to the OS
-                trim_heap()
+            if teamed and self._quiet_for(TEAM_KEEP_S):
+                release_thread_pool()  # idle: kept, it would throttle another thread's team (a second engine's)
+                teamed = False
+            idle_s = self.config.idle_trim_s
+            if untrimmed and idle_s is not None and self._quiet_for(idle_s):
+                trim_heap()  # idle after serving: hand what the finished requests freed back to the OS
                 untrimmed = False
-                continue
             with self._wakeup:
                 while not self._stopping and not self._has_work():
                     self._wakeup.wait()
                 if self._stopping:
                     break
             self.step()
-            untrimmed = True
+            untrimmed = teamed = True
         for req in [*self._running, *([self._prefilling] if self._prefilling else [])]:
             self._fail(req, EngineError("engine closed"))
+
+    def _quiet_for(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for work (a quiet moment: the responses go out too); whether the
+        engine is still idle and not stopping."""
+        with self._wakeup:
+            if not self._stopping and not self._has_work():
+                self._wakeup.wait(seconds)
+            return not self._stopping and not self._has_work()
 
     def _has_work(self) -> bool:
         return bool(self._running) or self._prefilling is not None or len(self.scheduler) > 0

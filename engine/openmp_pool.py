@@ -18,14 +18,14 @@ Example:
 from __future__ import annotations
 
 import ctypes
-import functools
 from pathlib import Path
 
 OMP_PAUSE_SOFT = 1
 
 
 def loaded_libgomps() -> list[str]:
-    """The paths of every libgomp this process has loaded, in load order."""
+    """The paths of every libgomp this process has loaded, in load order (reads /proc/self/maps: a few
+    ms in a large process)."""
     maps = Path("/proc/self/maps")
     if not maps.exists():
         return []
@@ -33,15 +33,16 @@ def loaded_libgomps() -> list[str]:
     return list(dict.fromkeys(p for p in paths if "libgomp" in Path(p).name))
 
 
-@functools.cache
-def _runtime(path: str) -> ctypes.CDLL | None:
-    lib = ctypes.CDLL(path)
-    return lib if hasattr(lib, "omp_pause_resource_all") else None
+_runtimes: list[ctypes.CDLL] = []  # found once: the engine package imports torch, so its libgomp is loaded
 
 
 def release_thread_pool() -> bool:
     """Free the calling thread's OpenMP workers in every libgomp loaded (not inside a parallel
     region); whether one did."""
-    runtimes = [lib for lib in map(_runtime, loaded_libgomps()) if lib is not None]
-    released = [lib.omp_pause_resource_all(OMP_PAUSE_SOFT) == 0 for lib in runtimes]  # each, not any()'s first
+    if not _runtimes:
+        libs = (ctypes.CDLL(path) for path in loaded_libgomps())
+        _runtimes.extend(lib for lib in libs if hasattr(lib, "omp_pause_resource_all"))
+    released = [
+        lib.omp_pause_resource_all(OMP_PAUSE_SOFT) == 0 for lib in _runtimes
+    ]  # each, not any()'s first
     return any(released)

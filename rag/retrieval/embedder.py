@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from engine.openmp_pool import release_thread_pool
+
 DEFAULT_EMBEDDER = "all-minilm-l6-v2"
 _QUERIES_KEPT = 64
 LongTexts = Literal["windows", "truncate"]
@@ -167,13 +169,16 @@ class Embedder:
         self.warm_up()
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vectors = self._model.encode(
-            list(texts),
-            batch_size=self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=show_progress,
-        )
+        try:
+            vectors = self._model.encode(
+                list(texts),
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=show_progress,
+            )
+        finally:
+            release_thread_pool()  # a team kept on this thread would throttle the engine's (engine.openmp_pool)
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
     def embed_query(self, text: str) -> np.ndarray:

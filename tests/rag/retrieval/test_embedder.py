@@ -1,4 +1,6 @@
 import itertools
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -85,3 +87,25 @@ def test_bad_window_settings():
         Embedder(long_texts="chop")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="window_overlap"):
         Embedder(window_overlap=-1)
+
+
+LEAVES_NO_TEAM = """
+import os, torch
+from engine.openmp_pool import release_thread_pool
+from rag.retrieval.embedder import Embedder
+
+assert torch.get_num_threads() >= 2, "every machine this project runs on has 2 cores or more"
+Embedder().embed(["a question long enough to be worth a parallel region " * 20] * 8)
+after = len(os.listdir("/proc/self/task"))
+release_thread_pool()  # frees nothing more if the embedding left no OpenMP workers on this thread
+print(after - len(os.listdir("/proc/self/task")))
+"""
+
+
+def test_embedding_leaves_no_openmp_team_on_the_calling_thread():
+    # an API worker thread's team would throttle the engine thread's (engine/openmp_pool.py)
+    done = subprocess.run([sys.executable, "-c", LEAVES_NO_TEAM], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "0", (
+        done.stdout,
+        done.stderr[-2000:],
+    )

@@ -19,6 +19,7 @@
 
 #include "attention_call.h"
 #include "bf16.h"
+#include "claimed_items.h"
 
 #include <cmath>
 #include <limits>
@@ -234,31 +235,30 @@ torch::Tensor attend_rows(const torch::Tensor& q, const torch::Tensor& k, const 
   const int64_t tiles = (t + per_tile - 1) / per_tile, head_sets = kv_heads * sets_per_group;
   const bf16* qs = reinterpret_cast<const bf16*>(q.data_ptr());
   bf16* os = reinterpret_cast<bf16*>(out.data_ptr());
-  // items in zigzag tile order (first, last, second, ...): contiguous thread ranges get equal work
-  at::parallel_for(0, tiles * head_sets, 1, [&](int64_t a, int64_t e) {
-    Step::enter();
-    for (int64_t item = a; item < e; ++item) {
-      const int64_t z = item / head_sets, hs = item % head_sets;
-      const int64_t tile = z % 2 == 0 ? z / 2 : tiles - 1 - z / 2;
-      const int64_t i0 = tile * per_tile, rows_t = std::min(per_tile, t - i0);
-      const int64_t g = hs / sets_per_group, h0 = g * group + (hs % sets_per_group) * group_heads;
-      const int64_t hn = std::min(group_heads, g * group + group - h0);
-      const bf16* qrow[MAX_ROWS];
-      bf16* orow[MAX_ROWS];
-      int64_t rpos[MAX_ROWS];
-      int n = 0;
-      for (int64_t i = i0; i < i0 + rows_t; ++i)
-        for (int64_t h = h0; h < h0 + hn; ++h, ++n) {
-          qrow[n] = qs + (i * heads + h) * d;
-          orow[n] = os + i * heads * d + h * d;
-          rpos[n] = pos[i];
-        }
-      const int64_t at = g * blocks * block_words;
-      const auto item_fn = d == 64 ? attend_rows_item<64, Step> : attend_rows_item<128, Step>;
-      item_fn(n, qrow, rpos, kt + at, vt + at, vs + g * v.stride(0), float(scale), orow);
-    }
-    Step::leave();
-  });
+  // items claimed costliest first (a tile's rows see more keys the later they stand), so that the
+  // last items to finish are short ones
+  claim_items(
+      tiles * head_sets, [] { Step::enter(); },
+      [&](int64_t item) {
+        const int64_t tile = tiles - 1 - item / head_sets, hs = item % head_sets;
+        const int64_t i0 = tile * per_tile, rows_t = std::min(per_tile, t - i0);
+        const int64_t g = hs / sets_per_group, h0 = g * group + (hs % sets_per_group) * group_heads;
+        const int64_t hn = std::min(group_heads, g * group + group - h0);
+        const bf16* qrow[MAX_ROWS];
+        bf16* orow[MAX_ROWS];
+        int64_t rpos[MAX_ROWS];
+        int n = 0;
+        for (int64_t i = i0; i < i0 + rows_t; ++i)
+          for (int64_t h = h0; h < h0 + hn; ++h, ++n) {
+            qrow[n] = qs + (i * heads + h) * d;
+            orow[n] = os + i * heads * d + h * d;
+            rpos[n] = pos[i];
+          }
+        const int64_t at = g * blocks * block_words;
+        const auto item_fn = d == 64 ? attend_rows_item<64, Step> : attend_rows_item<128, Step>;
+        item_fn(n, qrow, rpos, kt + at, vt + at, vs + g * v.stride(0), float(scale), orow);
+      },
+      [] { Step::leave(); });
   return out;
 }
 

@@ -17,6 +17,7 @@
 
 #include "attention_call.h"
 #include "bf16.h"
+#include "claimed_items.h"
 #include "f32.h"
 
 #include <algorithm>
@@ -203,17 +204,18 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
   // items; else one head per item (the bits are the same either way)
   const int64_t batch = t * kv_heads >= 4 * at::get_num_threads() ? std::min(group, MAX_GROUP) : 1;
   const int64_t batches = (group + batch - 1) / batch, per_row = kv_heads * batches;
-  // items in zigzag row order (first, last, second, ...): contiguous thread ranges get equal work
-  at::parallel_for(0, t * per_row, 1, [&](int64_t a, int64_t b) {
-    for (int64_t item = a; item < b; ++item) {
-      const int64_t z = item / per_row, g = item % per_row / batches, first = item % batches * batch;
-      const int64_t i = z % 2 == 0 ? z / 2 : t - 1 - z / 2;
-      const int64_t h = g * group + first, n = std::min(batch, group - first);
-      const auto kernel = d == 64 ? heads_kernel<64, T>(n) : heads_kernel<128, T>(n);
-      kernel(qs + (i * heads + h) * d, pos[i], kt.data() + g * blocks * block_floats, vs + g * v.stride(0), float(scale),
-             os + i * heads * d + h * d);
-    }
-  });
+  // items claimed costliest first (a row sees more keys the later it stands), so that the last items
+  // to finish are short ones
+  claim_items(
+      t * per_row, [] {},
+      [&](int64_t item) {
+        const int64_t i = t - 1 - item / per_row, g = item % per_row / batches, first = item % batches * batch;
+        const int64_t h = g * group + first, n = std::min(batch, group - first);
+        const auto kernel = d == 64 ? heads_kernel<64, T>(n) : heads_kernel<128, T>(n);
+        kernel(qs + (i * heads + h) * d, pos[i], kt.data() + g * blocks * block_floats, vs + g * v.stride(0),
+               float(scale), os + i * heads * d + h * d);
+      },
+      [] {});
 }
 
 }  // namespace

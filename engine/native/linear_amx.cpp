@@ -65,17 +65,15 @@ AMX void tile_columns(const bf16* xs, const bf16* ws, const bf16* bs, const bf16
                       int64_t n, int64_t a, int64_t b) {
   load_tile_config();
   std::vector<float> sums(ROWS * GROUP * TILE_COLS);
-  std::vector<bf16> padded;  // a short last block of rows, zero-filled to a whole A tile
+  // a short last block of rows, zero-filled to a whole A tile once for every group
+  const int64_t whole = m / ROWS * ROWS;
+  std::vector<bf16> padded(whole < m ? ROWS * k : 0, bf16{});
+  if (whole < m) std::memcpy(padded.data(), xs + whole * k, (m - whole) * k * sizeof(bf16));
   for (int64_t t = a; t < b;) {
     const int64_t tiles = b - t >= GROUP ? GROUP : 1, cols = tiles * TILE_COLS;
     for (int64_t i = 0; i < m; i += ROWS) {
       const int64_t rows = std::min(ROWS, m - i);
-      const bf16* rows_x = xs + i * k;
-      if (rows < ROWS) {
-        padded.assign(ROWS * k, bf16{});
-        std::memcpy(padded.data(), rows_x, rows * k * sizeof(bf16));
-        rows_x = padded.data();
-      }
+      const bf16* rows_x = rows < ROWS ? padded.data() : xs + i * k;
       group_sums(rows_x, ws + t * k * TILE_COLS, sums.data(), k, tiles);
       // the sums' row stride is GROUP tiles; round_block reads rows of `cols`: compact a single tile's
       if (tiles < GROUP)

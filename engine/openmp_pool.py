@@ -5,7 +5,8 @@ region. Once the process holds more of them than it has CPUs, a worker spins onl
 region before it sleeps (``GOMP_SPINCOUNT`` no longer counts), so each of a forward pass's ~400
 regions wakes a sleeping thread. A model loaded and checked on one thread and served on the engine's
 is that case (figures: docs/benchmarks/native/README.md). ``omp_pause_resource_all`` (OpenMP 5.0)
-frees the calling thread's pool; a later region there builds a new one. A process may hold several
+frees the calling thread's pool; a later region there builds a new one. A background thread can
+instead run every region alone (``omp_set_num_threads(1)`` for that thread: :func:`run_alone`). A process may hold several
 libgomps (scikit-learn's wheel bundles its own, which sentence-transformers loads), each with its own
 pools and count, so the release goes to every libgomp loaded, torch's among them. Runtimes other than
 libgomp, or none loaded, make it a no-op.
@@ -13,6 +14,7 @@ libgomp, or none loaded, make it a no-op.
 Example:
     >>> release_thread_pool() in (True, False)
     True
+    >>> import threading; t = threading.Thread(target=run_alone); t.start(); t.join()
 """
 
 from __future__ import annotations
@@ -36,13 +38,27 @@ def loaded_libgomps() -> list[str]:
 _runtimes: list[ctypes.CDLL] = []  # found once: the engine package imports torch, so its libgomp is loaded
 
 
-def release_thread_pool() -> bool:
-    """Free the calling thread's OpenMP workers in every libgomp loaded (not inside a parallel
-    region); whether one did."""
+def _loaded_runtimes() -> list[ctypes.CDLL]:
     if not _runtimes:
         libs = (ctypes.CDLL(path) for path in loaded_libgomps())
         _runtimes.extend(lib for lib in libs if hasattr(lib, "omp_pause_resource_all"))
-    released = [
-        lib.omp_pause_resource_all(OMP_PAUSE_SOFT) == 0 for lib in _runtimes
-    ]  # each, not any()'s first
-    return any(released)
+    return _runtimes
+
+
+def release_thread_pool() -> bool:
+    """Free the calling thread's OpenMP workers in every libgomp loaded (not inside a parallel
+    region); whether one did."""
+    released = [lib.omp_pause_resource_all(OMP_PAUSE_SOFT) == 0 for lib in _loaded_runtimes()]
+    return any(released)  # every runtime released, not any()'s first alone
+
+
+def run_alone() -> None:
+    """Make the calling thread's parallel regions (torch's, oneDNN's) run on it alone, in every
+    libgomp loaded: it never holds a team, so it never throttles the engine's (for background
+    threads, such as a KV tier's writer)."""
+    import torch
+
+    torch.get_num_threads()  # torch's own setup of this thread first: it would set the count again
+    release_thread_pool()
+    for lib in _loaded_runtimes():
+        lib.omp_set_num_threads(1)

@@ -1,6 +1,9 @@
 """ReaderPool: threads that read and decode a prompt's blocks in parallel, each with its own reusable
 scratch memory (a block's bytes land in memory that is already faulted in).
 
+Each reader runs its parallel regions alone (``engine.openmp_pool.run_alone``): the pool is the
+parallelism, and a team per reader would throttle the engine's.
+
 ``run_all`` waits for every call before it returns, also when one fails: a reader still writing into a
 request's KV buffer while the engine prefills the same positions would corrupt them.
 
@@ -20,6 +23,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from engine.openmp_pool import run_alone
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -30,7 +35,9 @@ class ReaderPool:
     def __init__(self, *, threads: int, scratch_bytes: int, name: str) -> None:
         self.scratch_bytes = scratch_bytes
         self._local = threading.local()
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"prefixrag-kv-{name}-read")
+        self._pool = ThreadPoolExecutor(
+            threads, thread_name_prefix=f"prefixrag-kv-{name}-read", initializer=run_alone
+        )
 
     def scratch(self) -> np.ndarray:
         """The calling thread's scratch array (made on first use)."""

@@ -3,7 +3,8 @@
 The request path only enqueues (``submit`` never blocks: a full queue drops the prefix, which the next
 insert of it queues again); the thread calls ``write(namespace, tokens)`` for each, outlives any one
 failure, and runs ``idle()`` every ``idle_s`` while there is nothing to write (a store refreshing what
-its stats show). The thread runs at the lowest CPU priority, so it yields the cores to the model.
+its stats show). The thread runs at the lowest CPU priority, so it yields the cores to the model, and its
+parallel regions alone (``engine.openmp_pool.run_alone``), so it never throttles the engine's team.
 
 Example:
     >>> behind = WriteBehind(lambda ns, tokens: print(ns, len(tokens)), name="disk")
@@ -23,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine.openmp_pool import release_thread_pool
+from engine.openmp_pool import run_alone
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class WriteBehind:
     def _loop(self) -> None:
         with contextlib.suppress(OSError, AttributeError):  # Linux: a thread's own priority
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _WRITER_NICE)
+        run_alone()  # a team of the writer's own would throttle the engine's while it writes
         while True:
             try:
                 item = self._queue.get(timeout=self._idle_s if self._idle else None)
@@ -104,8 +106,6 @@ class WriteBehind:
                 log.exception("%s: writing a prefix failed", self.thread.name)
             finally:
                 self._queue.task_done()
-            if self._queue.empty():
-                release_thread_pool()  # an idle writer holds no OpenMP workers to throttle the engine's
 
     def _run_idle(self) -> None:
         assert self._idle is not None

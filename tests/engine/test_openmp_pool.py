@@ -54,3 +54,32 @@ def test_release_reaches_torchs_runtime_when_another_libgomp_loaded_first():
     # only the first libgomp in the process's maps had freed nothing of torch's (every forward-pass
     # region then woke a sleeping worker)
     _check("second-runtime")
+
+
+ALONE = """
+import os, threading, torch
+from engine.openmp_pool import run_alone
+
+assert torch.get_num_threads() >= 2, "every machine this project runs on has 2 cores or more"
+x = torch.ones(8_000_000)
+
+def background(counts):
+    run_alone()
+    before = len(os.listdir("/proc/self/task"))
+    x.add_(1)  # a parallel region anywhere else: here it runs on this thread alone
+    counts.append(len(os.listdir("/proc/self/task")) - before)
+    counts.append(torch.get_num_threads())
+
+counts = []
+t = threading.Thread(target=background, args=(counts,))
+t.start(); t.join()
+assert counts == [0, 1], counts
+assert bool((x == 2).all())
+assert torch.get_num_threads() >= 2  # other threads keep their teams
+print("ok")
+"""
+
+
+def test_a_thread_run_alone_starts_no_workers_and_leaves_other_threads_theirs():
+    done = subprocess.run([sys.executable, "-c", ALONE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

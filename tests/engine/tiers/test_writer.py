@@ -1,5 +1,6 @@
 """WriteBehind: writes in order off the caller's thread, drops when full, survives a failing write,
-runs idle work while there is nothing to write; ReaderPool: parallel calls, all awaited."""
+runs idle work while there is nothing to write; ReaderPool: parallel calls, all awaited; both run their
+threads' parallel regions alone."""
 
 from __future__ import annotations
 
@@ -71,5 +72,38 @@ def test_reader_pool_returns_results_in_order_after_every_call():
     try:
         assert pool.run_all(read, [0, 1, 2, 3, 4]) == [0, 0, 2, 3, 4]
         assert sorted(finished) == [0, 1, 2, 3, 4]  # none still running when it returned
+    finally:
+        pool.close()
+
+
+def test_the_writer_runs_its_parallel_regions_alone():
+    # a team of its own would shorten the engine's team's spin while it writes (engine/openmp_pool.py)
+    import torch
+
+    seen: list[int] = []
+
+    def write(namespace: str, tokens: list[int]) -> None:
+        torch.ones(4_000_000).add_(1)  # a parallel region on another thread
+        seen.append(torch.get_num_threads())
+
+    behind = WriteBehind(write, name="alone")
+    try:
+        assert behind.submit("tenant", [1, 2]) and behind.flush(30)
+    finally:
+        behind.close()
+    assert seen == [1]
+    assert torch.get_num_threads() >= 2  # the test's own thread keeps its team
+
+
+def test_readers_run_their_parallel_regions_alone():
+    import torch
+
+    def read(j: int, scratch: object) -> int:
+        torch.ones(4_000_000).add_(j)
+        return torch.get_num_threads()
+
+    pool = ReaderPool(threads=2, scratch_bytes=1 << 10, name="alone")
+    try:
+        assert pool.run_all(read, [1, 2, 3, 4]) == [1, 1, 1, 1]
     finally:
         pool.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,9 +64,11 @@ log = logging.getLogger(__name__)
 
 _NS_SEP = "\x1f"  # joins model id and tenant namespace
 _PUBLIC_SEP = "\x1e"  # follows the model id in the public namespace, which no tenant's can equal
-# idle this long, the engine's thread frees its OpenMP team: libgomp throttles every team's spin while
-# two are held (engine.openmp_pool), and back-to-back requests keep theirs
+# idle this long beside another open engine, the engine's thread frees its OpenMP team: libgomp
+# throttles every team's spin while two are held (engine.openmp_pool), and back-to-back requests keep
+# theirs. Alone it keeps it: a team built again costs the next request several ms
 TEAM_KEEP_S = 0.02
+_open_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 class Engine:
@@ -143,6 +146,7 @@ class Engine:
             "held_tokens": 0,  # matched tokens a request's recycled buffer already held (not copied)
         }
         release_thread_pool()  # loading ran OpenMP here: the engine's thread serves as the one team
+        _open_engines.add(self)
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -441,6 +445,7 @@ class Engine:
 
     def close(self) -> None:
         """Stop the worker; waiting requests fail with EngineError."""
+        _open_engines.discard(self)
         with self._wakeup:
             self._stopping = True
             self._wakeup.notify_all()
@@ -489,8 +494,8 @@ class Engine:
         untrimmed = False  # requests served since the heap was last trimmed
         teamed = False  # steps run since this thread's OpenMP team was last freed
         while True:
-            if teamed and self._quiet_for(TEAM_KEEP_S):
-                release_thread_pool()  # idle: kept, it would throttle another thread's team (a second engine's)
+            if teamed and len(_open_engines) > 1 and self._quiet_for(TEAM_KEEP_S):
+                release_thread_pool()  # idle: kept, it would throttle the other engine's team
                 teamed = False
             idle_s = self.config.idle_trim_s
             if untrimmed and idle_s is not None and self._quiet_for(idle_s):

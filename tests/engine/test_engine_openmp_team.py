@@ -5,6 +5,7 @@ keeps its team (building one again costs the next request several ms)."""
 
 import threading
 import time
+import weakref
 
 import engine.engine as engine_module
 from engine import Engine, EngineConfig, SamplingParams
@@ -20,6 +21,8 @@ def _recording(monkeypatch, busy: threading.Event) -> list[float]:
         return True
 
     monkeypatch.setattr(engine_module, "release_thread_pool", recording_release)
+    # only this test's engines count: other tests' engines may be open in this process
+    monkeypatch.setattr(engine_module, "_open_engines", weakref.WeakSet())
     return calls
 
 

@@ -6,10 +6,10 @@ region before it sleeps (``GOMP_SPINCOUNT`` no longer counts), so each of a forw
 regions wakes a sleeping thread. A model loaded and checked on one thread and served on the engine's
 is that case (figures: docs/benchmarks/native/README.md). ``omp_pause_resource_all`` (OpenMP 5.0)
 frees the calling thread's pool; a later region there builds a new one. A background thread can
-instead run every region alone (``omp_set_num_threads(1)`` for that thread: :func:`run_alone`). A process may hold several
-libgomps (scikit-learn's wheel bundles its own, which sentence-transformers loads), each with its own
-pools and count, so the release goes to every libgomp loaded, torch's among them. Runtimes other than
-libgomp, or none loaded, make it a no-op.
+instead run every region alone (``omp_set_num_threads(1)`` for that thread: :func:`run_alone`). A
+process may hold several libgomps (scikit-learn's wheel bundles its own, which sentence-transformers
+loads), each with its own pools and count, so both go to every libgomp loaded, torch's among them.
+Runtimes other than libgomp, or none loaded, make them no-ops.
 
 Example:
     >>> release_thread_pool() in (True, False)

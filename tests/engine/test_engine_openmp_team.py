@@ -9,6 +9,7 @@ import weakref
 
 import engine.engine as engine_module
 from engine import Engine, EngineConfig, SamplingParams
+from tests.api.helpers import wait_until
 
 
 def _recording(monkeypatch, busy: threading.Event) -> list[float]:
@@ -39,10 +40,7 @@ def test_an_engine_beside_another_frees_its_team_once_idle_not_while_busy(loaded
         busy.set()
         eng.generate("Say hi.", SamplingParams(max_tokens=3))
         busy.clear()
-        deadline = time.monotonic() + 5
-        while not calls and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(calls) == 1
+        assert wait_until(lambda: len(calls) == 1, timeout=5, interval=0.01)
         time.sleep(20 * engine_module.TEAM_KEEP_S)
         assert len(calls) == 1  # once per idle period, not a busy loop
         busy.set()

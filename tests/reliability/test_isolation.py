@@ -56,7 +56,7 @@ def test_tenant_b_gets_no_hit_and_no_ttft_advantage_from_tenant_a(serve, iso_eng
             return took, int(usage["prompt_tokens_details"]["cached_tokens"])
 
         # warm the model and the HTTP path, not any prefix: seeds no trial's prompt uses (a prompt's
-        # first 8 ids are _ids(8, its seed); str hashes vary by process, and one in 200 runs had hit)
+        # first 8 ids are _ids(8, its seed), so a shared seed would be a hit)
         for i, key in enumerate((KEY_A, KEY_B)):
             complete(key, _ids(8, 9000 + i))
         order = random.Random(3)

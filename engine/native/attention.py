@@ -12,7 +12,7 @@ every row the same bits, and it reads half the scores. Their sums run in another
 so results are close to SDPA's, not equal (tests/engine/native/test_attention.py measures both).
 
 bfloat16 runs AMX's kernel where the CPU has AMX-BF16 (``prefill_attention_amx.cpp``: the blocks'
-scores and value sums in AMX tiles, the softmax as the AVX512-BF16 kernel's), else
+scores and whole-block value sums in AMX tiles, the softmax as the AVX512-BF16 kernel's), else
 AVX512-BF16's where the CPU has it, else the float32 kernel over the bfloat16 queries, keys and
 values widened as they are read (its output rounded to bfloat16), over a bfloat16 KV store. The
 three give different bits, so a runner holds one for every call (:attr:`NativeAttention.name`, in

@@ -5,10 +5,9 @@
 // Invariants (engine/native/attention.py states them for Python):
 //  * a row's result depends on its query, its position and the keys/values at positions <= it alone:
 //    the keys are walked in blocks of KEYS at fixed absolute positions, in ascending order, with one
-//    online-softmax update per block, which adds the block's values with bf16-rounded weights (the
-//    block holding the row's position too, where the Step takes it in its tiles: the keys past the
-//    row masked out of the maximum and weighing exactly 0, their values finite or transpose_kv's
-//    zeros; else in float32 over the keys up to the row only). A Step's product
+//    online-softmax update per block; a block the row sees whole adds its values with bf16-rounded
+//    weights, the block holding the row's position in float32 over the keys up to it only (keys
+//    past the row are masked out of the scores and never multiplied into its sums). A Step's product
 //    for a row depends on that row's inputs alone. So a prompt computed whole or in any split, with
 //    any batch mates or thread count, gives every row the same bits (for one Step);
 //  * keys past the last row's position are never read (the buffer may hold anything there);
@@ -99,10 +98,8 @@ AVX512 inline void transpose_kv(const bf16* k, const bf16* v, int64_t d, int64_t
 
 // One item: n <= Step::ROWS rows, row r at position pos[r] (ascending in r) with query qrow[r], all of
 // one kv group (kt, vt its transposed blocks, v its plain values), writing orow[r]. Step takes the
-// block's scores and its value sums (AVX512-BF16 register tiles or AMX tiles): every row that sees the
-// block where Step::PARTIAL_IN_TILES (a key past the row weighs exactly 0), else the rows that see it
-// whole, the others' sums then this function's in float32. The softmax is this function's, in float32
-// per row, whatever the step.
+// block's scores and its whole rows' value sums (AVX512-BF16 register tiles or AMX tiles); the softmax
+// and the partial block's rows are this function's, in float32 per row, whatever the step.
 template <int D, class Step>
 AVX512 void attend_rows_item(int n, const bf16* const* qrow, const int64_t* pos, const uint32_t* kt,
                              const uint32_t* vt, const bf16* v, float scale, bf16* const* orow) {
@@ -110,7 +107,7 @@ AVX512 void attend_rows_item(int n, const bf16* const* qrow, const int64_t* pos,
   static_assert(MAX_ROWS <= 16, "the row maxima are 16 lanes");
   const float neg_inf = -std::numeric_limits<float>::infinity();
   alignas(64) float s[MAX_ROWS][KEYS];      // the block's raw scores, then (partial rows) float32 weights
-  alignas(64) uint32_t pw[MAX_ROWS][HALF] = {};  // the block's weights as bf16 pairs
+  alignas(64) uint32_t pw[MAX_ROWS][HALF] = {};  // whole-block weights as bf16 pairs
   alignas(64) float o[MAX_ROWS][D];         // value sums
   alignas(64) float lsum[MAX_ROWS][16];     // softmax denominators, in 16 lanes
   alignas(64) float m[16], top[16], shrink[MAX_ROWS];
@@ -124,45 +121,35 @@ AVX512 void attend_rows_item(int n, const bf16* const* qrow, const int64_t* pos,
   const __m512 sc = _mm512_set1_ps(scale);
   const int64_t last_block = pos[n - 1] / KEYS;
   for (int64_t b = 0; b <= last_block; ++b) {
-    // rows ascend by position: those that see any of this block are a suffix [first, n), those that
-    // see all of it a suffix [whole, n) of that, and those the step's tiles take [tiled, n)
+    // rows ascend by position: those that see any of this block are a suffix [first, n), and those
+    // that see all of it a suffix [whole, n) of that
     int first = 0, whole = 0;
     while (first < n && pos[first] < b * KEYS) ++first;
     whole = first;
     while (whole < n && pos[whole] < b * KEYS + KEYS - 1) ++whole;
-    const int tiled = Step::PARTIAL_IN_TILES ? first : whole;
     const uint32_t* kb = kt + b * PAIRS * KEYS;
     step.template scores<D>(kb, s, first);
-    // the tiles' rows: the new maximum over the keys each sees (a row whose position is in the block
-    // masks out the keys past it), then every such row's rescale in one vector exp
-    __mmask16 seen[MAX_ROWS][NV];
+    // whole rows: the new maximum, then every such row's rescale in one vector exp
     for (int r = 0; r < 16; ++r) top[r] = m[r];
-    for (int r = tiled; r < n; ++r) {
-      const __m512i seen_n = _mm512_set1_epi32(int(std::min<int64_t>(KEYS, pos[r] - b * KEYS + 1)));
-      __m512 mx = _mm512_set1_ps(neg_inf);
-      for (int h = 0; h < NV; ++h) {
-        seen[r][h] = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(16 * h)), seen_n);
-        mx = _mm512_mask_max_ps(mx, seen[r][h], mx, _mm512_load_ps(s[r] + 16 * h));
-      }
+    for (int r = whole; r < n; ++r) {
+      const __m512 mx = _mm512_max_ps(_mm512_max_ps(_mm512_load_ps(s[r]), _mm512_load_ps(s[r] + 16)),
+                                      _mm512_max_ps(_mm512_load_ps(s[r] + 32), _mm512_load_ps(s[r] + 48)));
       top[r] = std::max(m[r], scale * _mm512_reduce_max_ps(mx));  // scale > 0
     }
     alignas(64) float f[16];
     // e^(-inf) on a row's first block: exp_ps clamps it to e^-87, a factor on sums that are still 0
     _mm512_store_ps(f, exp_ps(_mm512_sub_ps(_mm512_load_ps(m), _mm512_load_ps(top))));
-    for (int r = tiled; r < n; ++r) {
+    for (int r = whole; r < n; ++r) {
       const __m512 t = _mm512_set1_ps(top[r]);
-      __m512 e[NV];  // a key past the row weighs exactly 0
-      for (int h = 0; h < NV; ++h)
-        e[h] = _mm512_maskz_mov_ps(seen[r][h], exp_le0_ps(_mm512_fmsub_ps(_mm512_load_ps(s[r] + 16 * h), sc, t)));
+      __m512 e[NV];
+      for (int h = 0; h < NV; ++h) e[h] = exp_le0_ps(_mm512_fmsub_ps(_mm512_load_ps(s[r] + 16 * h), sc, t));
       const __m512 sum = _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3]));
       _mm512_store_ps(lsum[r], _mm512_fmadd_ps(_mm512_load_ps(lsum[r]), _mm512_set1_ps(f[r]), sum));
       m[r] = top[r];
       shrink[r] = f[r];
       for (int h = 0; h < NV; h += 2) _mm512_store_si512(pw[r] + 8 * h, (__m512i)_mm512_cvtne2ps_pbh(e[h + 1], e[h]));
     }
-    // a Step that leaves them out of its tiles: the rows whose position is in this block, in float32
-    // over their own keys (v: the group's plain values)
-    if constexpr (!Step::PARTIAL_IN_TILES)
+    // the rows whose position is in this block: the keys past it masked out, float32 weights
     for (int r = first; r < whole; ++r) {
       const int count = int(pos[r] - b * KEYS + 1);
       const __m512i seen_n = _mm512_set1_epi32(count);
@@ -199,7 +186,7 @@ AVX512 void attend_rows_item(int n, const bf16* const* qrow, const int64_t* pos,
       }
       for (int c = 0; c < VEC; ++c) _mm512_store_ps(o[r] + 16 * c, acc[c]);
     }
-    step.template values<D>(vt + b * HALF * D, pw, shrink, o, tiled);
+    step.template values<D>(vt + b * HALF * D, pw, shrink, o, whole);
   }
   for (int r = 0; r < n; ++r) {
     const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(_mm512_load_ps(lsum[r])));

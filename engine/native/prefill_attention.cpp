@@ -79,9 +79,6 @@ struct Kernels {
 struct WideStep {
   static constexpr int ROWS = MAX_ROWS;
   static constexpr int64_t SPREAD = 8;  // a few rows' items: one head each, for the threads' balance
-  // a block's partial rows in float32: in these register tiles their value sums cost more than the
-  // float32 loop over their own keys
-  static constexpr bool PARTIAL_IN_TILES = false;
   const uint32_t* q32[MAX_ROWS];
   int n;
 
@@ -100,12 +97,12 @@ struct WideStep {
     }
   }
 
-  // o[r] = o[r] * shrink[r] + pw[r] . block vb's values, rows [from, n)
+  // o[r] = o[r] * shrink[r] + pw[r] . block vb's values, rows [whole, n)
   template <int D>
   AVX512 void values(const uint32_t* vb, const uint32_t (*pw)[KEYS / 2], const float* shrink, float (*o)[D],
-                     int from) const {
+                     int whole) const {
     constexpr int PV = pv_rows<D>();
-    for (int r = from; r < n; r += PV) {
+    for (int r = whole; r < n; r += PV) {
       const int rows = std::min(PV, n - r);
       const uint32_t* w[PV];
       float* acc[PV];

@@ -2,7 +2,7 @@
 // holds the walk over the keys, the softmax and its invariants).
 //
 // Invariants: an item's up to 16 rows are one tile's rows. A block's scores are tdpbf16ps's sums over
-// the head's dimensions in order, 32 at a time, from zero; its rows' value sums the same over
+// the head's dimensions in order, 32 at a time, from zero; its whole rows' value sums the same over
 // the block's 64 keys, added to the row's running sums as o * shrink + sum. AMX computes each output
 // element from its own row and column alone, so a row's bits never depend on the rows beside it
 // (rows past n and rows that do not see the block are computed and ignored). The bits differ from
@@ -46,8 +46,6 @@ struct AmxStep {
   static constexpr int ROWS = AMX_ROWS;
   // an item costs the same for 1 row as for 16: always a group's heads together, fewer items
   static constexpr int64_t SPREAD = 0;
-  // a block's partial rows in the tiles too: an AMX product costs the same for any rows
-  static constexpr bool PARTIAL_IN_TILES = true;
   static constexpr int MAX_D = 128;
   alignas(64) bf16 q[ROWS][MAX_D] = {};  // the item's queries as one A operand, rows past n zero
   int n;
@@ -64,15 +62,15 @@ struct AmxStep {
     four_tile_sums(&q[0][0], MAX_D * sizeof(bf16), kb, KEYS * 4, AMX_ROWS * KEYS * 4, D / AMX_DEPTH, s[0], KEYS * 4);
   }
 
-  // o[r] = o[r] * shrink[r] + pw[r] . block vb's values ([key pair][D]), rows [from, n): the sums over
+  // o[r] = o[r] * shrink[r] + pw[r] . block vb's values ([key pair][D]), rows [whole, n): the sums over
   // the block's 64 keys, 64 dimensions at a time
   template <int D>
   AMX void values(const uint32_t* vb, const uint32_t (*pw)[KEYS / 2], const float* shrink, float (*o)[D],
-                  int from) const {
+                  int whole) const {
     alignas(64) float sums[ROWS][64];
     for (int c0 = 0; c0 < D; c0 += 64) {
       four_tile_sums(&pw[0][0], KEYS / 2 * 4, vb + c0, D * 4, AMX_ROWS * D * 4, KEYS / AMX_DEPTH, sums[0], 64 * 4);
-      for (int r = from; r < n; ++r) {
+      for (int r = whole; r < n; ++r) {
         const __m512 f = _mm512_set1_ps(shrink[r]);
         for (int c = 0; c < 64; c += 16)
           _mm512_store_ps(o[r] + c0 + c, _mm512_fmadd_ps(_mm512_load_ps(o[r] + c0 + c), f, _mm512_load_ps(sums[r] + c)));

@@ -96,6 +96,46 @@ AVX512 inline void transpose_kv(const bf16* k, const bf16* v, int64_t d, int64_t
   }
 }
 
+// rows whose values a block's partial pass adds together: their sums in registers
+template <int D>
+constexpr int PARTIAL_GROUP = D == 64 ? 6 : 2;
+
+// o[r + i] += the sum over keys j < count[i], in order, of s[r + i][j] * values[j] (float32), for G rows
+// (counts ascending): each value row loaded and widened once for the rows that see it, each row's sums
+// as it alone would
+template <int D, int G>
+AVX512 void partial_values(float (*s)[KEYS], float (*o)[D], int r, const int* count, const bf16* values) {
+  constexpr int VEC = D / 16;
+  __m512 acc[G][VEC];
+  for (int i = 0; i < G; ++i)
+    for (int c = 0; c < VEC; ++c) acc[i][c] = _mm512_load_ps(o[r + i] + 16 * c);
+  for (int j = 0; j < count[G - 1]; ++j) {
+    __m512 vv[VEC];
+    for (int c = 0; c < VEC; ++c) vv[c] = load_bf16(values + j * D + 16 * c);
+    for (int i = 0; i < G; ++i) {
+      if (j >= count[i]) continue;  // past row i's own position
+      const __m512 w = _mm512_set1_ps(s[r + i][j]);
+      for (int c = 0; c < VEC; ++c) acc[i][c] = _mm512_fmadd_ps(w, vv[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < G; ++i)
+    for (int c = 0; c < VEC; ++c) _mm512_store_ps(o[r + i] + 16 * c, acc[i][c]);
+}
+
+template <int D>
+using PartialValues = void (*)(float (*)[KEYS], float (*)[D], int, const int*, const bf16*);
+
+template <int D>
+AVX512 PartialValues<D> partial_group(int rows) {
+  if constexpr (D == 64) {
+    constexpr PartialValues<D> by_rows[] = {partial_values<D, 1>, partial_values<D, 2>, partial_values<D, 3>,
+                                            partial_values<D, 4>, partial_values<D, 5>, partial_values<D, 6>};
+    return by_rows[rows - 1];
+  } else {
+    return rows == 1 ? partial_values<D, 1> : partial_values<D, 2>;
+  }
+}
+
 // One item: n <= Step::ROWS rows, row r at position pos[r] (ascending in r) with query qrow[r], all of
 // one kv group (kt, vt its transposed blocks, v its plain values), writing orow[r]. Step takes the
 // block's scores and its whole rows' value sums (AVX512-BF16 register tiles or AMX tiles); the softmax
@@ -179,12 +219,14 @@ AVX512 void attend_rows_item(int n, const bf16* const* qrow, const int64_t* pos,
         m[r] = row_top;
       }
       _mm512_store_ps(lsum[r], _mm512_add_ps(l, sum));
-      for (int j = 0; j < count; ++j) {  // its own keys only
-        const bf16* vr = v + (b * KEYS + j) * D;
-        const __m512 w = _mm512_set1_ps(s[r][j]);
-        for (int c = 0; c < VEC; ++c) acc[c] = _mm512_fmadd_ps(w, load_bf16(vr + 16 * c), acc[c]);
-      }
       for (int c = 0; c < VEC; ++c) _mm512_store_ps(o[r] + 16 * c, acc[c]);
+    }
+    // then their values, each over its own keys, PARTIAL_GROUP rows sharing each value row's load
+    for (int r = first; r < whole; r += PARTIAL_GROUP<D>) {
+      const int rows = std::min(PARTIAL_GROUP<D>, whole - r);
+      int count[PARTIAL_GROUP<D>];
+      for (int i = 0; i < rows; ++i) count[i] = int(pos[r + i] - b * KEYS + 1);
+      partial_group<D>(rows)(s, o, r, count, v + b * KEYS * D);
     }
     step.template values<D>(vt + b * HALF * D, pw, shrink, o, whole);
   }

@@ -96,7 +96,8 @@ AVX512 inline void transpose_kv(const bf16* k, const bf16* v, int64_t d, int64_t
   }
 }
 
-// rows whose values a block's partial pass adds together: their sums in registers
+// rows whose values a block's partial pass adds together: their sums and one value row fit the 32
+// vector registers (6 x 4 + 4 at head dim 64, 2 x 8 + 8 at 128)
 template <int D>
 constexpr int PARTIAL_GROUP = D == 64 ? 6 : 2;
 

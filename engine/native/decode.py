@@ -22,9 +22,9 @@ guarantees, over the float32 prefill's packed tiles (one copy of the weights; a 
 are the prefill's bits). A step runs where the CPU has the instructions of one of the compute
 dtype's steps (:data:`STEPS`, the first that can run), the KV format stores the compute dtype and decode is not
 ``batch_invariant`` (which runs a prefill's shapes instead); elsewhere :func:`unavailable_reason`
-says why and the Python loop runs. int8 weights run :data:`INT8` (bfloat16 layers around
-engine.native.int8's kernels, which give engine.quant's int8_linear bits) where the CPU has
-AVX512-VNNI and AVX512-BF16.
+says why and the Python loop runs. int8 weights run engine.native.int8's kernels (engine.quant's
+int8_linear bits) inside a step: :data:`INT8` (bfloat16 layers; AVX512-VNNI and AVX512-BF16) or
+:data:`INT8_F32` (float32 layers on AVX2 + FMA, wherever the int8 kernels run: int8_reason).
 
 Example:
     >>> step = NativeDecode.of(layers, final_norm, lm_head, (9, 3, 64), eps, scale)  # doctest: +SKIP
@@ -44,7 +44,7 @@ from engine.isa import cpu_flags
 from engine.kv.state import KVBuffer
 from engine.llama_weights import LlamaLayer
 from engine.native.build import NativeBuildError, native_module
-from engine.native.int8 import Int8Tiled, int8_tiles
+from engine.native.int8 import Int8Tiled, int8_reason, int8_tiles
 from engine.native.linear import TiledLinear, wide_float32
 from engine.quant.linear import Int8Weight
 
@@ -75,6 +75,8 @@ class Step:
 AVX512_BF16 = Step("DecodeModel", NEEDED_FLAGS, NARROW_CAPABILITIES)
 # int8 weights: AVX512-VNNI's integer dot products around the AVX512-BF16 step's bfloat16 layers
 INT8 = Step("DecodeModelInt8", (*NEEDED_FLAGS, "avx512_vnni"), NARROW_CAPABILITIES)
+# int8 weights around the float32 step's layers: the int8 kernel of the weights' activation levels
+INT8_F32 = Step("DecodeModelF32Int8", AVX2_FLAGS, ("default",))
 # per compute dtype, its steps in order of preference: the first that can run here runs
 STEPS: dict[torch.dtype, tuple[Step, ...]] = {
     torch.bfloat16: (AVX512_BF16, Step("DecodeModelAvx2", AVX2_FLAGS, ("default",))),
@@ -95,9 +97,9 @@ def unavailable_reason(dtype: torch.dtype, float_weights: bool, kv_identity: boo
     if not kv_identity:
         return "the KV format rounds keys and values (the native step stores the compute dtype)"
     if not float_weights:
-        if dtype != torch.bfloat16:
-            return "the native int8 step computes its layers in bfloat16"
-        return INT8.unavailable_reason()
+        if dtype == torch.bfloat16:
+            return INT8.unavailable_reason()
+        return INT8_F32.unavailable_reason() or int8_reason()
     reasons = [step.unavailable_reason() for step in STEPS[dtype]]
     return None if None in reasons else reasons[-1]  # the last step needs the least
 
@@ -115,7 +117,7 @@ def avx2_function(name: str) -> Any | None:
 
 def step_for(dtype: torch.dtype, float_weights: bool = True) -> Step:
     """The step that runs ``dtype`` here (raises NativeBuildError where none can)."""
-    int8_steps = (INT8,) if dtype == torch.bfloat16 else ()
+    int8_steps = (INT8,) if dtype == torch.bfloat16 else (INT8_F32,)
     for step in STEPS.get(dtype, ()) if float_weights else int8_steps:
         if step.unavailable_reason() is None:
             return step
@@ -183,9 +185,9 @@ class NativeDecode:
             lm_head = _held(lm_head, True)
         else:
             raise NativeBuildError("the native step needs an lm_head in its Linears' format")
-        if dtype == torch.bfloat16:  # the bfloat16 steps take each entry as a list of tensors
-            tensors = [[t if isinstance(t, list) else [t] for t in row] for row in tensors]
-            lm_head = lm_head if isinstance(lm_head, list) else [lm_head]
+        # the steps take each entry as a list of tensors
+        tensors = [[t if isinstance(t, list) else [t] for t in row] for row in tensors]
+        lm_head = lm_head if isinstance(lm_head, list) else [lm_head]
         heads, kv_heads, head_dim = geometry
         module = native_module()
         width = (wide_float32(),) if dtype == torch.float32 else ()  # the same bits at either width

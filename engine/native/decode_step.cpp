@@ -238,9 +238,7 @@ struct Int8Matrices {  // int8 digits in VNNI column tiles (int8_tiles.h), int8_
   static int64_t columns_of(const std::vector<torch::Tensor>& parts) { return int8_columns(parts); }
   template <class K>
   static void gemv(Team& team, const bf16* x, const Matrix& w, float* y, int64_t m) {
-    thread_local QuantizedRows rows;
-    quantize_rows(x, m, w.tiles.k, w.levels, rows);
-    int8_linear_rows(team, rows, w.tiles, y, m, w.levels);
+    int8_gemv(team, x, w, y, m);
   }
 };
 

@@ -1,10 +1,12 @@
-"""int8 weights in the form the native kernels multiply them (``int8_tiles.h``): the digits of
-engine.quant's per-channel int8 matrices packed in VNNI column tiles, read by a prefill's Linears
-(``linear_int8.cpp``) and the decode step alike.
+"""int8 weights in the form the native kernels multiply them: the digits of engine.quant's
+per-channel int8 matrices packed in column tiles, read by a prefill's Linears (``linear_int8.cpp``)
+and the decode step alike. The activation levels of the weights' backend pick the kernel: oneDNN's
+127 AVX512-VNNI's (``int8_tiles.h``), fbgemm's 63 AVX2's (``int8_avx2.h``, whose 16-bit pair sums
+hold 63 levels exactly and 127 would not).
 
 The kernels compute engine.quant.linear.int8_linear's arithmetic: the same activation digits, exact
-integer sums (the instruction multiplies unsigned bytes, so a digit enters as itself plus 128 and
-``128 * sum_k w[c, k]`` is subtracted after), the digits combined in float64 and scaled back in
+integer sums (the instructions multiply unsigned bytes, so a digit enters as itself plus a shift and
+``shift * sum_k w[c, k]`` is subtracted after), the digits combined in float64 and scaled back in
 float32 in the same order, so each row's outputs are int8_linear's bits.
 
 Example:
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.native.build import NativeBuildError, native_module
-from engine.quant.linear import FBGEMM_LEVELS, ONEDNN_LEVELS, Int8Weight, int8_backend
+from engine.quant.linear import FBGEMM_LEVELS, ONEDNN_LEVELS, Int8Weight, int8_backend, int8_supported
 
 TILE_COLUMNS = 16
 UNSIGNED_SHIFT = 128  # an activation digit a in [-127, 127] enters the unsigned-byte product as a + 128
@@ -44,8 +46,6 @@ def pack_int8_digits(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def int8_tiles(weight: Int8Weight) -> list[torch.Tensor]:
     """The tensors the native step takes for one int8 matrix: packed digits, offsets, scales, the
     activations' levels, and with a residual digit its packed digits and offsets."""
-    if weight.q is None:
-        raise NativeBuildError(f"the native int8 step reads oneDNN's int8 matrices, not {weight.backend}'s")
     n = weight.out_features
     levels = ONEDNN_LEVELS if weight.backend == "onednn" else FBGEMM_LEVELS
     parts = [*pack_int8_digits(weight.q[:n]), weight.scales.contiguous(), torch.tensor([float(levels)])]
@@ -84,8 +84,11 @@ class Int8Tiled:
 
 def int8_reason() -> str | None:
     """Why the native int8 kernels cannot run in this process (None: they can)."""
-    from engine.native.decode import INT8  # decode imports this module's packing
+    from engine.native.decode import INT8, INT8_F32  # decode imports this module's packing
 
-    if int8_backend() != "onednn":  # fbgemm's packed weights keep no int8 matrix to tile
-        return f"the int8 weights are packed for {int8_backend()}, not held as oneDNN's int8 matrices"
-    return INT8.unavailable_reason()
+    backend = int8_backend()
+    if backend == "onednn":  # 127 levels: the VNNI kernel
+        return INT8.unavailable_reason()
+    if backend == "fbgemm":  # 63 levels: the AVX2 kernel, which the float32 step's flags cover
+        return INT8_F32.unavailable_reason()
+    return int8_supported()

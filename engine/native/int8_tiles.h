@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "bf16.h"
-#include "team.h"
 
 #define AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vnni")))
 
@@ -76,14 +75,6 @@ AVX512_VNNI void quantize_block(const T* x, int64_t k, float levels, QuantizedRo
     }
     out.step[i] = peak / levels;
   }
-}
-
-template <class T>
-void quantize_rows(const T* x, int64_t m, int64_t k, float levels, QuantizedRows& out) {
-  out.hi.resize(m * k);
-  out.lo.resize(m * k);
-  out.step.resize(m);
-  quantize_block(x, k, levels, out, 0, m);
 }
 
 // int32 sums of NB column tiles [t, t + NB) for ROWS rows' two digit rows (and the residual weight
@@ -189,12 +180,6 @@ inline void int8_linear_tiles(const QuantizedRows& xq, const Int8Tiles& w, float
   const double digit = 1.0 / (2.0 * double(levels));
   if (w.residual != nullptr) int8_rows<true>(xq, w, y, m, digit, t0, t1);
   else int8_rows<false>(xq, w, y, m, digit, t0, t1);
-}
-
-// the same split by column tile across the decode step's team
-inline void int8_linear_rows(Team& team, const QuantizedRows& xq, const Int8Tiles& w, float* y, int64_t m,
-                             float levels) {
-  team.parallel(w.n / INT8_TILE, [&](int64_t a, int64_t b) { int8_linear_tiles(xq, w, y, m, levels, a, b); });
 }
 
 }  // namespace prefixrag

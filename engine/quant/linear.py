@@ -62,7 +62,7 @@ class Int8Weight:
     """
 
     backend: Int8Backend
-    q: torch.Tensor | None  # onednn: int8 [out, in], or [2 out, in] with the residual digit's rows after
+    q: torch.Tensor  # int8 [out, in], or [2 out, in] with the residual digit's rows after
     scales: torch.Tensor  # float32 [out]
     packed: Any  # fbgemm: torch.classes.quantized.LinearPackedParamsBase, of q's rows
     out_features: int
@@ -71,7 +71,7 @@ class Int8Weight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the int8 matrix or matrices (fbgemm keeps its packed copy besides), and per
+        """Bytes held: the int8 matrix or matrices (fbgemm's packed copy besides), and per
         output channel a float scale (fbgemm: and an int32 column offset)."""
         digits = 2 if self.residual else 1
         matrix = digits * self.out_features * self.in_features
@@ -199,7 +199,8 @@ def pack_for(backend: Int8Backend, q: torch.Tensor, scales: torch.Tensor) -> Int
         unit = torch.ones(rows, dtype=torch.double)  # scales are applied after the digits combine
         qweight = torch._make_per_channel_quantized_tensor(q.contiguous(), unit, zeros, 0)
         packed = torch.ops.quantized.linear_prepack(qweight, None)
-    return Int8Weight("fbgemm", None, scales, packed, out, inp, residual)
+    # q stays beside fbgemm's copy: the native kernels tile it (engine.native.int8)
+    return Int8Weight("fbgemm", q.contiguous(), scales, packed, out, inp, residual)
 
 
 def quantize_weight(weight: torch.Tensor, residual: bool = False) -> Int8Weight:
@@ -230,7 +231,6 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None =
 def integer_matmul(backend: Int8Backend, acts: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     """int8 ``acts [M, in]`` times the weight's int8 rows ``[N', in]``: the exact integer sums ``[M, N']``."""
     if backend == "onednn":
-        assert weight.q is not None
         return torch._int_mm(acts.contiguous(), weight.q.t())
     # unit activation and weight steps: fbgemm's float32 output is the integer sum itself, exact
     # below 2**24 (63 x 127 x in stays below it for in < 2,097)

@@ -20,6 +20,7 @@ from engine.fused import FusedLlamaRunner
 from engine.isa import cpu_flags
 from engine.models import load_model
 from engine.native.decode import AVX2_FLAGS, NEEDED_FLAGS, step_for, unavailable_reason
+from engine.native.int8 import int8_reason
 
 HAS_CPU = all(flag in cpu_flags() for flag in AVX2_FLAGS)  # a bfloat16 step runs: AVX2 + FMA at least
 needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX2/FMA: the layer loop runs (stated)")
@@ -191,7 +192,8 @@ def test_the_engine_states_which_decode_step_runs():
 
 def test_unsupported_settings_say_why():
     assert "float16" in str(unavailable_reason(torch.float16, True, True))
-    assert "bfloat16" in str(unavailable_reason(torch.float32, False, True))  # int8's step is bfloat16
+    # int8 around float32 layers: wherever the int8 kernels run (tests/engine/native/test_int8.py)
+    assert unavailable_reason(torch.float32, False, True) == (None if HAS_CPU else int8_reason())
     int8 = unavailable_reason(torch.bfloat16, False, True)
     assert int8 is None if HAS_INT8 else str(int8).startswith("the CPU lacks")
     assert "KV format" in str(unavailable_reason(torch.bfloat16, True, False))

@@ -22,24 +22,36 @@ from tests.engine.reuse_helpers import assert_batched_equals_solo
 KERNELS = int8_reason() is None
 needs_kernels = pytest.mark.skipif(not KERNELS, reason=f"{int8_reason()}: engine.quant runs (stated)")
 HAS_AVX2 = INT8_F32.unavailable_reason() is None
-needs_avx2 = pytest.mark.skipif(not HAS_AVX2, reason=f"{INT8_F32.unavailable_reason()}: engine.quant runs (stated)")
+needs_avx2 = pytest.mark.skipif(
+    not HAS_AVX2, reason=f"{INT8_F32.unavailable_reason()}: engine.quant runs (stated)"
+)
 HAS_VNNI = all(flag in cpu_flags() for flag in INT8.flags)
 # the compute dtypes whose native int8 step runs here: bfloat16 layers (VNNI), float32 layers (AVX2)
-STEP_DTYPES = [name for name in ("bfloat16", "float32") if unavailable_reason(getattr(torch, name), False, True) is None]
+STEP_DTYPES = [
+    name for name in ("bfloat16", "float32") if unavailable_reason(getattr(torch, name), False, True) is None
+]
 ROWS = (1, 2, 3, 7, 16, 333)
 
 
 @pytest.fixture(scope="module", params=STEP_DTYPES)
 def step_model(request, loaded_model):
     """The bundled model in a compute dtype whose native int8 step runs here."""
-    return loaded_model if request.param == "float32" else load_model("smollm2-135m-instruct", dtype=request.param)
+    return (
+        loaded_model
+        if request.param == "float32"
+        else load_model("smollm2-135m-instruct", dtype=request.param)
+    )
 
 
 @pytest.fixture(scope="module")
 def quant_runner(step_model):
     """engine.quant's kernels throughout: the reference."""
     return FusedLlamaRunner(
-        step_model.model, weights="int8", tokenizer=step_model.tokenizer, native_linear=False, native_decode=False
+        step_model.model,
+        weights="int8",
+        tokenizer=step_model.tokenizer,
+        native_linear=False,
+        native_decode=False,
     )
 
 
@@ -55,9 +67,16 @@ def native_runner(step_model):
 def reference_weights(loaded_model):
     """The real model's int8 matrices, packed for this machine's backend."""
     runner = FusedLlamaRunner(
-        loaded_model.model, weights="int8", tokenizer=loaded_model.tokenizer, native_linear=False, native_decode=False
+        loaded_model.model,
+        weights="int8",
+        tokenizer=loaded_model.tokenizer,
+        native_linear=False,
+        native_decode=False,
     )
-    return {**{name: getattr(runner.layers[5], name) for name in ("wqkv", "wo", "wgu", "wdown")}, "lm_head": runner.lm_head}
+    return {
+        **{name: getattr(runner.layers[5], name) for name in ("wqkv", "wo", "wgu", "wdown")},
+        "lm_head": runner.lm_head,
+    }
 
 
 def _rows(rows: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -113,7 +132,9 @@ def test_a_row_does_not_depend_on_the_others_or_the_thread_count(reference_weigh
     assert torch.equal(together, alone)
 
 
-def test_prefill_logits_are_engine_quants_bits_and_decode_answers_alike(native_runner, quant_runner, loaded_model):
+def test_prefill_logits_are_engine_quants_bits_and_decode_answers_alike(
+    native_runner, quant_runner, loaded_model
+):
     ids = loaded_model.tokenizer("Q: Name the largest planet in the solar system.\nA:")["input_ids"]
     ours, ref = native_runner.new_buffer(len(ids) + 20), quant_runner.new_buffer(len(ids) + 20)
     a, b = native_runner.prefill(ids[:-3], ours), quant_runner.prefill(ids[:-3], ref)

@@ -261,13 +261,42 @@ def _nbytes(x: torch.Tensor) -> int:
     return x.numel() * x.element_size()
 
 
+def _refuse_assignment(value: torch.Tensor | None) -> None:
+    """A buffer layer's keys and values follow its buffer's storage and lengths: transformers'
+    constructor sets them to None; anything else (a crop, a reorder) would bypass the lengths."""
+    if value is not None:
+        raise TypeError(
+            "a KVBuffer layer's keys and values are views of its buffer: change the buffer instead"
+        )
+
+
 class _BufferLayer(DynamicLayer):
-    """One layer's view into the shared KVBuffer storage; ``update`` writes in place."""
+    """One layer's view into the shared KVBuffer storage; ``update`` writes in place. ``keys`` and
+    ``values`` are views of the storage up to the layer's length, made when read: a decode step that
+    writes the storage natively moves the lengths alone."""
 
     def __init__(self, owner: KVBuffer, index: int) -> None:
-        super().__init__()
         self.owner = owner
         self.index = index
+        super().__init__()
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        store = self.owner.k_store
+        return None if store is None else store[self.index, :, :, : self.owner.layer_lengths[self.index]]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        _refuse_assignment(value)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        store = self.owner.v_store
+        return None if store is None else store[self.index, :, :, : self.owner.layer_lengths[self.index]]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        _refuse_assignment(value)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.owner._ensure_storage(key_states, value_states)
@@ -288,11 +317,9 @@ class _BufferLayer(DynamicLayer):
         owner.k_store[self.index, :, :, start:end].copy_(key_states)
         owner.v_store[self.index, :, :, start:end].copy_(value_states)
         owner.layer_lengths[self.index] = end
-        self.keys = owner.k_store[self.index, :, :, :end]
-        self.values = owner.v_store[self.index, :, :, :end]
         self.is_initialized = True
         if shown == end:
-            return self.keys, self.values
+            return owner.k_store[self.index, :, :, :end], owner.v_store[self.index, :, :, :end]
         owner.k_store[self.index, :, :, end:shown] = 0  # read under the mask: must be finite
         owner.v_store[self.index, :, :, end:shown] = 0
         return owner.k_store[self.index, :, :, :shown], owner.v_store[self.index, :, :, :shown]
@@ -385,10 +412,7 @@ class KVBuffer(Cache):
         for layer in self.layers:
             assert isinstance(layer, _BufferLayer)
             self.layer_lengths[layer.index] = tokens
-            if self.k_store is not None and self.v_store is not None:
-                layer.keys = self.k_store[layer.index, :, :, :tokens]
-                layer.values = self.v_store[layer.index, :, :, :tokens]
-                layer.is_initialized = True
+            layer.is_initialized = self.k_store is not None
 
     def _reserve(self, tokens: int) -> None:
         if tokens <= self.capacity:
@@ -401,10 +425,6 @@ class KVBuffer(Cache):
         k[:, :, :, :held].copy_(self.k_store[:, :, :, :held])
         v[:, :, :, :held].copy_(self.v_store[:, :, :, :held])
         self.k_store, self.v_store, self.capacity = k, v, new_cap
-        for layer in self.layers:
-            assert isinstance(layer, _BufferLayer)
-            n = self.layer_lengths[layer.index]
-            layer.keys, layer.values = k[layer.index, :, :, :n], v[layer.index, :, :, :n]
 
     @torch.inference_mode()  # storage made in a forward (or recycled from one) is an inference tensor
     def load_prefix(self, segments: Sequence[KVSegment], start: int = 0) -> int:

@@ -49,6 +49,19 @@ def test_load_prefix_concatenates_segments_in_order():
     torch.testing.assert_close(buf.layers[1].keys[0], k[1, 0, :, :7])
 
 
+def test_layer_views_follow_the_buffers_lengths_and_refuse_assignment():
+    buf = KVBuffer(num_layers=2, capacity=8)
+    buf.load_prefix([_seg(3, layers=2)])
+    k, _ = buf.stores()
+    with torch.inference_mode():  # a fused runner writes storage, then declares the length
+        k[:, :, :, 3:5] = 7.0
+    buf.set_length(5)
+    assert buf.layers[1].keys.shape == (1, 2, 5, 4) and buf.layers[1].values.shape == (1, 2, 5, 4)
+    assert bool((buf.layers[1].keys[0, :, 3:5] == 7.0).all())
+    with pytest.raises(TypeError, match="views of its buffer"):
+        buf.layers[0].keys = torch.zeros(1, 2, 2, 4)  # a crop would bypass the lengths
+
+
 def test_update_appends_in_place_and_grows():
     buf = KVBuffer(num_layers=2, capacity=2)
     for step in range(5):

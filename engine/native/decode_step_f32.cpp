@@ -100,70 +100,100 @@ AVX2 inline __m256 hsum8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// scores[t] = q . keys[t] * scale for t in [0, len), 8 keys at a time (8 independent sums in flight);
+constexpr int64_t SPAN_HEADS = 4;  // a KV group's query heads attended together, at most
+constexpr int64_t VALUE_BLOCK = 16;  // keys whose value rows stay in L1 while each head adds them
+
+// scores[h * SPAN + t] = q_h . keys[t] * scale for heads h < nh (q_h = q + h * d), t in [0, len):
+// 8 keys at a time (8 independent sums in flight), each block read from memory once for the heads;
 // CHUNKS = d / 8 where the head dim is known at compile time, 0 where it is not
 template <int64_t CHUNKS>
-AVX2 void span_scores(const float* q, const float* keys, int64_t len, int64_t d, float scale, float* scores) {
+AVX2 void span_scores(const float* q, int64_t nh, const float* keys, int64_t len, int64_t d, float scale,
+                      float* scores) {
   const int64_t chunks = CHUNKS ? CHUNKS : d / 8;
   const __m256 vscale = _mm256_set1_ps(scale);
   int64_t t = 0;
   for (; t + 8 <= len; t += 8) {
     const float* k = keys + t * d;
-    __m256 acc[8];
-    for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t c = 0; c < chunks; ++c) {
-      const __m256 qc = _mm256_loadu_ps(q + 8 * c);
-      for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k + r * d + 8 * c), acc[r]);
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* qh = q + h * d;
+      __m256 acc[8];
+      for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c) {
+        const __m256 qc = _mm256_loadu_ps(qh + 8 * c);
+        for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k + r * d + 8 * c), acc[r]);
+      }
+      _mm256_storeu_ps(scores + h * SPAN + t, _mm256_mul_ps(hsum8(acc), vscale));
     }
-    _mm256_storeu_ps(scores + t, _mm256_mul_ps(hsum8(acc), vscale));
   }
-  for (; t < len; ++t) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t c = 0; c < chunks; ++c)
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), _mm256_loadu_ps(keys + t * d + 8 * c), acc);
-    scores[t] = hsum(acc) * scale;
-  }
+  for (; t < len; ++t)
+    for (int64_t h = 0; h < nh; ++h) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * d + 8 * c), _mm256_loadu_ps(keys + t * d + 8 * c), acc);
+      scores[h * SPAN + t] = hsum(acc) * scale;
+    }
 }
 
-// one query head over one span of keys [0, len <= SPAN): its part, and out = its values weighed by
-// exp(score - part.best), not yet divided; d a multiple of 8, <= 256
-template <int64_t CHUNKS>
-AVX2 SpanPart attend_span(const float* q, const float* keys, const float* values, int64_t len, int64_t d, float scale,
-                          float* out) {
-  const int64_t chunks = CHUNKS ? CHUNKS : d / 8;
-  float scores[SPAN];
-  span_scores<CHUNKS>(q, keys, len, d, scale, scores);
+// p[t] = exp(p[t] - max) in place for t in [0, len): the span's part
+AVX2 SpanPart span_weights(float* p, int64_t len) {
   float best = -INFINITY;
-  for (int64_t t = 0; t < len; ++t) best = std::max(best, scores[t]);
-  __m256 vbest = _mm256_set1_ps(best), vsum = _mm256_setzero_ps();
+  for (int64_t t = 0; t < len; ++t) best = std::max(best, p[t]);
+  const __m256 vbest = _mm256_set1_ps(best);
+  __m256 vsum = _mm256_setzero_ps();
   int64_t t = 0;
   for (; t + 8 <= len; t += 8) {
-    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), vbest));
-    _mm256_storeu_ps(scores + t, e);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), vbest));
+    _mm256_storeu_ps(p + t, e);
     vsum = _mm256_add_ps(vsum, e);
   }
   float total = hsum(vsum);
   for (; t < len; ++t) {
-    scores[t] = std::exp(scores[t] - best);
-    total += scores[t];
+    p[t] = std::exp(p[t] - best);
+    total += p[t];
   }
-  __m256 acc[32];
-  for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_setzero_ps();
-  for (t = 0; t < len; ++t) {
-    __m256 p = _mm256_set1_ps(scores[t]);
-    const float* vt = values + t * d;
-    for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vt + 8 * c), acc[c]);
-  }
-  for (int64_t c = 0; c < chunks; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
   return {best, total};
 }
 
+// out[h * stride ...] = sum_t p[h * SPAN + t] * values[t] for heads h < nh, in t order; a block of
+// value rows is read from memory once for the heads
+template <int64_t CHUNKS>
+AVX2 void span_values(const float* p, int64_t nh, const float* values, int64_t len, int64_t d, float* out,
+                      int64_t stride) {
+  const int64_t chunks = CHUNKS ? CHUNKS : d / 8;
+  __m256 acc[32];
+  for (int64_t t0 = 0; t0 < len; t0 += VALUE_BLOCK) {
+    const int64_t t1 = std::min(len, t0 + VALUE_BLOCK);
+    for (int64_t h = 0; h < nh; ++h) {
+      float* oh = out + h * stride;
+      for (int64_t c = 0; c < chunks; ++c) acc[c] = t0 ? _mm256_loadu_ps(oh + 8 * c) : _mm256_setzero_ps();
+      for (int64_t t = t0; t < t1; ++t) {
+        const __m256 w = _mm256_set1_ps(p[h * SPAN + t]);
+        const float* vt = values + t * d;
+        for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + 8 * c), acc[c]);
+      }
+      for (int64_t c = 0; c < chunks; ++c) _mm256_storeu_ps(oh + 8 * c, acc[c]);
+    }
+  }
+}
+
+// nh <= SPAN_HEADS query heads of one KV group over one span of keys [0, len <= SPAN): head h's part
+// at parts[h * stride] and its values weighed by exp(score - part.best), not yet divided, at
+// sums[h * stride * d]; d a multiple of 8, <= 256
+template <int64_t CHUNKS>
+AVX2 void attend_span(const float* q, int64_t nh, const float* keys, const float* values, int64_t len, int64_t d,
+                      float scale, SpanPart* parts, float* sums, int64_t stride) {
+  float scores[SPAN_HEADS * SPAN];
+  span_scores<CHUNKS>(q, nh, keys, len, d, scale, scores);
+  for (int64_t h = 0; h < nh; ++h) parts[h * stride] = span_weights(scores + h * SPAN, len);
+  span_values<CHUNKS>(scores, nh, values, len, d, sums, stride * d);
+}
+
 // attend_span with the head dim's loops unrolled for the common head dims
-inline SpanPart attend_span_any(const float* q, const float* keys, const float* values, int64_t len, int64_t d,
-                                float scale, float* out) {
-  if (d == 64) return attend_span<8>(q, keys, values, len, d, scale, out);
-  if (d == 128) return attend_span<16>(q, keys, values, len, d, scale, out);
-  return attend_span<0>(q, keys, values, len, d, scale, out);
+inline void attend_span_any(const float* q, int64_t nh, const float* keys, const float* values, int64_t len, int64_t d,
+                            float scale, SpanPart* parts, float* sums, int64_t stride) {
+  if (d == 64) attend_span<8>(q, nh, keys, values, len, d, scale, parts, sums, stride);
+  else if (d == 128) attend_span<16>(q, nh, keys, values, len, d, scale, parts, sums, stride);
+  else attend_span<0>(q, nh, keys, values, len, d, scale, parts, sums, stride);
 }
 
 // out = the spans' value sums combined in span order, each weighed by exp(its maximum - the maximum)
@@ -317,22 +347,24 @@ class DecodeModelF32 {
     return store.data_ptr<float>() + layer * s[0] + group * s[2] + pos * s[3];
   }
 
-  // tasks by row, KV group, span and head, the head innermost: a thread's run of tasks reads a span's
-  // keys and values from memory once for the group's heads
+  // tasks by row, KV group, span and run of up to SPAN_HEADS of the group's heads: a span's keys and
+  // values are read from memory once for the heads
   void attention(Team& team, const float* qkv, std::vector<torch::Tensor>& ks, std::vector<torch::Tensor>& vs,
                  const std::vector<int64_t>& pasts, size_t layer, int64_t qkv_n, int64_t longest, float* out) const {
     const int64_t d = head_dim_, m = int64_t(pasts.size()), group = heads_ / kv_heads_;
-    const int64_t spans = (longest + SPAN - 1) / SPAN, per_row = kv_heads_ * spans * group;
+    const int64_t runs = (group + SPAN_HEADS - 1) / SPAN_HEADS, spans = (longest + SPAN - 1) / SPAN;
+    const int64_t per_row = kv_heads_ * spans * runs;
     std::vector<SpanPart> parts(m * heads_ * spans);
     std::vector<float> sums(m * heads_ * spans * d);
     team.parallel(m * per_row, [&](int64_t a, int64_t b) {
       for (int64_t task = a; task < b; ++task) {
-        const int64_t i = task / per_row, g = task % per_row / (spans * group), s = task % (spans * group) / group;
-        const int64_t hh = g * group + task % group, start = s * SPAN, len = std::min(SPAN, pasts[i] + 1 - start);
-        const int64_t slot_at = (i * heads_ + hh) * spans + s;
+        const int64_t i = task / per_row, g = task % per_row / (spans * runs), s = task % (spans * runs) / runs;
+        const int64_t h0 = g * group + task % runs * SPAN_HEADS, nh = std::min(SPAN_HEADS, (g + 1) * group - h0);
+        const int64_t start = s * SPAN, len = std::min(SPAN, pasts[i] + 1 - start);
+        const int64_t slot_at = (i * heads_ + h0) * spans + s;
         if (len <= 0) continue;  // a shorter row's spans past its keys
-        parts[slot_at] = attend_span_any(qkv + i * qkv_n + hh * d, slot(ks[i], layer, g, start), slot(vs[i], layer, g, start),
-                                     len, d, scale_, sums.data() + slot_at * d);
+        attend_span_any(qkv + i * qkv_n + h0 * d, nh, slot(ks[i], layer, g, start), slot(vs[i], layer, g, start), len,
+                        d, scale_, parts.data() + slot_at, sums.data() + slot_at * d, spans);
       }
     });
     for (int64_t i = 0; i < m; ++i) {

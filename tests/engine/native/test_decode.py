@@ -137,30 +137,35 @@ import torch
 from engine.fused import FusedLlamaRunner
 from engine.models import load_model
 torch.set_num_threads(1)
-runner = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype="bfloat16").model)
+runner = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype=sys.argv[3]).model)
 assert runner.native is not None, runner.native_reason
 ids = [int(i) for i in sys.argv[1].split(",")]
-buf = runner.new_buffer(64)
+buf = runner.new_buffer(len(ids) + 1)
 runner.prefill(ids, buf)
 np.save(sys.argv[2], runner.decode_batch([42], [buf])[0].numpy())
 """
 
 
-@needs_cpu
-def test_the_thread_count_does_not_change_a_bit(runner, loaded_model, tmp_path):
-    ids = _prompt(loaded_model, PROMPTS[0])
-    buf = runner.new_buffer(64)
-    runner.prefill(ids, buf)
-    here = runner.decode_batch([42], [buf])[0]
-    # one thread in a process of its own: torch.set_num_threads changes MKL's threading mode for the
-    # whole process (engine.isa.mkl_dynamic), which would move the other numerics tests
+def one_thread_logits(ids: list[int], dtype: str, tmp_path: Path) -> torch.Tensor:
+    """The logits of token 42 after ``ids``, decoded natively on one thread in a process of its own:
+    torch.set_num_threads changes MKL's threading mode for the whole process (engine.isa.mkl_dynamic),
+    which would move the other numerics tests."""
     out = tmp_path / "one_thread.npy"
     repo = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-c", ONE_THREAD, ",".join(map(str, ids)), str(out)]
+    command = [sys.executable, "-c", ONE_THREAD, ",".join(map(str, ids)), str(out), dtype]
     subprocess.run(command, check=True, env=env, timeout=300)
     assert torch.get_num_threads() > 1 or os.cpu_count() == 1
-    assert torch.equal(torch.from_numpy(np.load(out)), here)
+    return torch.from_numpy(np.load(out))
+
+
+@needs_cpu
+def test_the_thread_count_does_not_change_a_bit(runner, loaded_model, tmp_path):
+    ids = _prompt(loaded_model, PROMPTS[0])
+    buf = runner.new_buffer(len(ids) + 1)
+    runner.prefill(ids, buf)
+    here = runner.decode_batch([42], [buf])[0]
+    assert torch.equal(one_thread_logits(ids, "bfloat16", tmp_path), here)
 
 
 @needs_cpu

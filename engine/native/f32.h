@@ -1,8 +1,12 @@
-// float32 helpers shared by the AVX2 kernels (decode_step_f32.cpp, prefill_attention_f32.cpp).
+// float32 helpers shared by the AVX2 kernels (decode_step_f32.cpp, prefill_attention_f32.cpp,
+// prefill_rows_f32.cpp).
 //
 // Invariant: each is a fixed sequence of operations, so equal inputs give equal bits wherever called.
 #pragma once
 #include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
 
 #define AVX2 __attribute__((target("avx2,fma")))
 
@@ -30,6 +34,28 @@ AVX2 inline __m256 exp8(__m256 x) {
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
   __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+
+// weight * (x * rsqrt(mean(x^2) + eps)) for one row of h (a multiple of 8)
+AVX2 inline void rms_norm(const float* x, const float* weight, float* out, int64_t h, float eps) {
+  __m256 ss = _mm256_setzero_ps();
+  for (int64_t j = 0; j < h; j += 8) {
+    __m256 v = _mm256_loadu_ps(x + j);
+    ss = _mm256_fmadd_ps(v, v, ss);
+  }
+  __m256 inv = _mm256_set1_ps(1.f / std::sqrt(hsum(ss) / float(h) + eps));
+  for (int64_t j = 0; j < h; j += 8)
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_loadu_ps(weight + j), _mm256_mul_ps(_mm256_loadu_ps(x + j), inv)));
+}
+
+// out = silu(g) * u for the gate g = sums[:n] and value u = sums[n:2n]
+AVX2 inline void silu_mul(const float* sums, float* out, int64_t n) {
+  for (int64_t j = 0; j < n; j += 8) {
+    __m256 g = _mm256_loadu_ps(sums + j);
+    __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), g), _mm256_set1_ps(88.f)));
+    __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(silu, _mm256_loadu_ps(sums + n + j)));
+  }
 }
 
 }  // namespace prefixrag

@@ -5,6 +5,7 @@
 void bind_decode_step(pybind11::module_& mod);
 void bind_decode_step_f32(pybind11::module_& mod);
 void bind_prefill_rows(pybind11::module_& mod);
+void bind_prefill_rows_f32(pybind11::module_& mod);
 void bind_prefill_attention(pybind11::module_& mod);
 void bind_prefill_attention_amx(pybind11::module_& mod);
 void bind_prefill_attention_f32(pybind11::module_& mod);
@@ -19,6 +20,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   bind_decode_step(mod);
   bind_decode_step_f32(mod);
   bind_prefill_rows(mod);
+  bind_prefill_rows_f32(mod);
   bind_prefill_attention(mod);
   bind_prefill_attention_amx(mod);
   bind_prefill_attention_f32(mod);

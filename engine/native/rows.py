@@ -1,19 +1,20 @@
 """A prefill's elementwise row operations in one native pass each: RMSNorm, RoPE on the queries and
-keys, SiLU(gate) * value (``prefill_rows.cpp``, built with the decode step: engine.native.build).
+keys, SiLU(gate) * value (``prefill_rows.cpp`` in bfloat16, ``prefill_rows_f32.cpp`` in float32;
+built with the decode step: engine.native.build).
 
 The Python layer loop runs each as several torch operations, each a pass over every row of the
 prefill (and, in a server whose OpenMP threads wait passively, a thread wake-up). The native passes
 round where those operations round: RoPE gives torch's bits; RMSNorm sums the squares in another
 order than torch's mean, and SiLU's exp is not torch's (Sleef's), so a normed value or a SiLU product
-can differ from torch's by one bfloat16 step, rarely. A
-row's result depends on that row alone, so row tiles, batch mates and thread counts never change
-it, and reuse of cached KV stays exact.
+can differ from torch's in the last bits (one bfloat16 step, rarely, in bfloat16). A row's result
+depends on that row alone, so row tiles, batch mates and thread counts never change it, and reuse
+of cached KV stays exact.
 
-They run where the native decode step's CPU conditions hold and the compute dtype is bfloat16
-(:func:`NativeRows.of` returns None elsewhere, and the torch operations run).
+They run in bfloat16 where the CPU has AVX512-BF16, and in float32 where the native float32 decode
+step runs (AVX2 and FMA); :func:`NativeRows.of` returns None elsewhere, and the torch operations run.
 
 Example:
-    >>> rows = NativeRows.of(torch.bfloat16, eps=1e-5)               # doctest: +SKIP
+    >>> rows = NativeRows.of(torch.float32, eps=1e-5)                # doctest: +SKIP
     >>> rows.norm(x, weight).shape == x.shape                        # doctest: +SKIP
     True
 """
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from engine.native.build import NativeBuildError, native_module
-from engine.native.decode import avx512_bf16_reason
+from engine.native.decode import avx512_bf16_reason, unavailable_reason
 
 log = logging.getLogger(__name__)
 
@@ -41,24 +42,27 @@ class NativeRows:
         True
     """
 
-    def __init__(self, module: Any, eps: float) -> None:
-        self._module = module
+    def __init__(self, module: Any, eps: float, dtype: torch.dtype = torch.bfloat16) -> None:
+        suffix = "_f32" if dtype == torch.float32 else ""
+        self._norm = getattr(module, "rms_norm" + suffix)
+        self._rope = getattr(module, "rope_qk" + suffix)
+        self._silu_mul = getattr(module, "silu_mul" + suffix)
         self.eps = eps
 
     @classmethod
     def of(cls, dtype: torch.dtype, eps: float) -> NativeRows | None:
         """The operations for ``dtype`` on this machine, or None where they cannot run."""
-        if dtype != torch.bfloat16 or avx512_bf16_reason() is not None:
-            return None  # bfloat16 row passes only: float32's are torch's own
+        if unavailable_reason_for(dtype) is not None:
+            return None
         try:
-            return cls(native_module(), eps)
+            return cls(native_module(), eps, dtype)
         except NativeBuildError as exc:
             log.warning("prefill row operations run as torch operations: %s", exc)
             return None
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``weight * rms_normed(x)`` for ``x [T, hidden]``."""
-        out: torch.Tensor = self._module.rms_norm(x.contiguous(), weight, self.eps)
+        out: torch.Tensor = self._norm(x.contiguous(), weight, self.eps)
         return out
 
     def rope(
@@ -67,7 +71,7 @@ class NativeRows:
         """Rotated queries ``[T, heads, D]`` and keys ``[T, kv_heads, D]`` from ``qkv [T, (H + 2 KVH) D]``
         (queries, keys, values), ``cos``/``sin`` ``[T, 1, D]``."""
         rows, dim = qkv.shape[0], cos.shape[-1]
-        q, k = self._module.rope_qk(
+        q, k = self._rope(
             qkv.contiguous(),
             cos.reshape(rows, dim).contiguous(),
             sin.reshape(rows, dim).contiguous(),
@@ -78,5 +82,14 @@ class NativeRows:
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * value`` for ``gate_up [T, 2 I]`` (gate first)."""
-        out: torch.Tensor = self._module.silu_mul(gate_up.contiguous())
+        out: torch.Tensor = self._silu_mul(gate_up.contiguous())
         return out
+
+
+def unavailable_reason_for(dtype: torch.dtype) -> str | None:
+    """Why no native row passes run for ``dtype`` here (None: they do)."""
+    if dtype == torch.bfloat16:
+        return avx512_bf16_reason()
+    if dtype == torch.float32:
+        return unavailable_reason(torch.float32, True, True)  # the float32 step's AVX2 and FMA
+    return f"no native row passes compute {str(dtype).removeprefix('torch.')}"

@@ -1,6 +1,7 @@
 """A prefill's native row operations (engine/native/rows.py) against the torch operations they
-replace: RoPE bit for bit, RMSNorm and SiLU * value within one bfloat16 step on rare elements, every
-row independent of the others; the bfloat16 runner uses them where the CPU has AVX512-BF16, the float32 one never."""
+replace: RoPE bit for bit, RMSNorm and SiLU * value within one bfloat16 step on rare elements (in
+float32, within a few units in the last place), every row independent of the others; the bfloat16
+runner uses them where the CPU has AVX512-BF16, the float32 one where it has AVX2 and FMA."""
 
 from __future__ import annotations
 
@@ -11,17 +12,28 @@ from engine.exact_reuse import kernel_signature
 from engine.fused import FusedLlamaRunner
 from engine.isa import cpu_flags
 from engine.models import load_model
-from engine.native.decode import NEEDED_FLAGS
+from engine.native.decode import AVX2_FLAGS, NEEDED_FLAGS
 from engine.native.rows import NativeRows
 
 HAS_CPU = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
 needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX512-BF16: the torch operations run")
+HAS_AVX2 = all(flag in cpu_flags() for flag in AVX2_FLAGS)
+needs_avx2 = pytest.mark.skipif(not HAS_AVX2, reason="the CPU lacks AVX2/FMA: float32's torch operations run")
 EPS = 1e-5
+# float32 RMSNorm and SiLU * value: the decode step's arithmetic, within a few units in the last place
+F32_RELATIVE = 2e-6
 
 
 @pytest.fixture(scope="module")
 def rows() -> NativeRows:
     native = NativeRows.of(torch.bfloat16, EPS)
+    assert native is not None
+    return native
+
+
+@pytest.fixture(scope="module")
+def rows_f32() -> NativeRows:
+    native = NativeRows.of(torch.float32, EPS)
     assert native is not None
     return native
 
@@ -91,17 +103,68 @@ def test_each_row_is_the_same_alone_or_among_others(rows):
 
 
 @needs_cpu
-def test_the_bfloat16_runner_uses_them_and_the_float32_runner_does_not():
+def test_the_bfloat16_runner_uses_them():
     bf16 = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype="bfloat16").model)
     assert bf16.rows is not None and bf16.row_kernels.startswith("native ")
-    assert FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype="float32").model).rows is None
     plain = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype="bfloat16").model, native_rows=False)
     assert plain.rows is None and plain.row_kernels == "torch"
     # their KV can differ in rare bits: the tiers' addresses keep them apart
     assert kernel_signature(bf16) != kernel_signature(plain)
 
 
+@needs_avx2
+@pytest.mark.parametrize("count", [1, 7, 300])
+def test_float32_rope_gives_torchs_bits(rows_f32, count):
+    gen = torch.Generator().manual_seed(count)
+    heads, kv_heads, dim = 9, 3, 64
+    qkv = torch.randn(count, (heads + 2 * kv_heads) * dim, generator=gen) * 4
+    angles = torch.rand(count, 1, dim, generator=gen) * 6.3
+    q, k = rows_f32.rope(qkv, angles.cos(), angles.sin(), heads, kv_heads)
+    want_q, want_k = _torch_rope(qkv, angles.cos(), angles.sin(), heads, kv_heads, dim)
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor, floor: float) -> float:
+    return float(((got - want).abs() / want.abs().clamp_min(floor)).max())
+
+
+@needs_avx2
+def test_float32_norm_and_silu_mul_are_torchs_to_a_few_ulps(rows_f32):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(500, 576, generator=gen) * torch.rand(500, 1, generator=gen) * 8
+    weight = torch.rand(576, generator=gen) + 0.5
+    assert _relative(rows_f32.norm(x, weight), _torch_norm(x, weight), 1e-6) < F32_RELATIVE
+    gate_up = torch.randn(300, 2 * 1536, generator=gen) * 4
+    gate, value = gate_up.chunk(2, dim=-1)
+    want = torch.nn.functional.silu(gate) * value
+    # near SiLU's zero crossing a relative bound means nothing: the floor is one ulp of the values
+    assert _relative(rows_f32.silu_mul(gate_up), want, 1e-3) < F32_RELATIVE
+
+
+@needs_avx2
+def test_float32_rows_are_the_same_alone_or_among_others(rows_f32):
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(200, 576, generator=gen)
+    weight = torch.rand(576, generator=gen)
+    together = rows_f32.norm(x, weight)  # 200 rows: split across threads
+    assert all(torch.equal(rows_f32.norm(x[i : i + 1], weight)[0], together[i]) for i in (0, 117, 199))
+    gate_up = torch.randn(64, 2 * 1536, generator=gen)
+    products = rows_f32.silu_mul(gate_up)
+    assert all(torch.equal(rows_f32.silu_mul(gate_up[i : i + 1])[0], products[i]) for i in (0, 31, 63))
+
+
+@needs_avx2
+def test_the_float32_runner_uses_them():
+    f32 = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype="float32").model)
+    assert f32.rows is not None and f32.row_kernels.startswith("native ")
+    plain = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype="float32").model, native_rows=False)
+    assert plain.rows is None and plain.row_kernels == "torch"
+    assert kernel_signature(f32) != kernel_signature(plain)
+
+
 def test_a_cpu_or_dtype_without_them_gets_none():
-    assert NativeRows.of(torch.float32, EPS) is None
+    assert NativeRows.of(torch.float16, EPS) is None
     if not HAS_CPU:
         assert NativeRows.of(torch.bfloat16, EPS) is None
+    if not HAS_AVX2:
+        assert NativeRows.of(torch.float32, EPS) is None

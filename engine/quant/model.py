@@ -15,13 +15,15 @@ Example:
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from engine.quant.linear import Int8Weight, pack_int8, quantize_rows
+from engine.quant.linear import Int8Weight, int8_backend, pack_int8, quantize_rows
 from engine.quant.smooth import (
     ALPHA,
     CALIBRATION_TOKENS,
@@ -58,8 +60,24 @@ class Int8Model:
     lm_head: Int8Weight
 
 
+# One int8 copy per model object in a process, shared by the runners over it: packing it for the
+# backend takes seconds, and a runner only reads it (it makes its own layers and tiles from it).
+_copies: weakref.WeakKeyDictionary[Any, tuple[str | None, Int8Model]] = weakref.WeakKeyDictionary()
+_copies_lock = threading.Lock()
+
+
 def int8_model(model: Any, tokenizer: Any) -> Int8Model:
-    """The int8 copy of ``model`` (converted on first use, then read from the cache)."""
+    """The int8 copy of ``model`` (converted on first use, then read from the cache; packed once per
+    model object in a process)."""
+    backend = int8_backend()
+    with _copies_lock:
+        held = _copies.get(model)
+        if held is None or held[0] != backend:
+            held = _copies[model] = (backend, _packed(model, tokenizer))
+        return held[1]
+
+
+def _packed(model: Any, tokenizer: Any) -> Int8Model:
     path = cache_path_for(getattr(model, "name_or_path", None), RECIPE)
     tensors = load_or_build(path, _spec(model), lambda: _convert(model, tokenizer))
     layers = [

@@ -1,5 +1,6 @@
 """int8 weights in the runner and the engine: row-independent decode, sensible answers close to
-float32's, the memory they save, and clear errors for what they cannot do."""
+float32's, the memory they save, one packed copy per model shared by its runners, and clear errors
+for what they cannot do."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ import torch
 from engine import Engine, EngineConfig, SamplingParams
 from engine.fused import FusedLlamaRunner
 from engine.quant.linear import int8_backend
+from engine.quant.model import int8_model
 from tests.engine.reuse_helpers import assert_batched_equals_solo
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
@@ -90,3 +92,14 @@ def test_from_pretrained_keeps_only_the_int8_copies():
         )
     finally:
         eng.close()
+
+
+def test_runners_over_one_model_share_its_packed_int8_copy(loaded_model, runner8):
+    copy = int8_model(loaded_model.model, loaded_model.tokenizer)
+    assert int8_model(loaded_model.model, loaded_model.tokenizer) is copy
+    # a second runner reads the same copy, and builds its own layers from it: the first's are untouched
+    second = FusedLlamaRunner(loaded_model.model, weights="int8", tokenizer=loaded_model.tokenizer)
+    assert second.layers is not runner8.layers and second.layers[0] is not runner8.layers[0]
+    ids = _prompt(7, 40)
+    first_logits = runner8.prefill(ids, runner8.new_buffer(64))
+    assert torch.equal(second.prefill(ids, second.new_buffer(64)), first_logits)

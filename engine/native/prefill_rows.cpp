@@ -10,27 +10,17 @@
 #include <torch/extension.h>
 
 #include "bf16.h"
+#include "row_split.h"
 
 namespace {
 
 using namespace prefixrag;
 
-constexpr int64_t GRAIN_ELEMENTS = 1 << 16;  // a smaller call runs on the calling thread: no wake-up
-
 const bf16* in(const torch::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); }
 bf16* out(torch::Tensor& t) { return reinterpret_cast<bf16*>(t.data_ptr()); }
 
-void check_rows(const torch::Tensor& x, int64_t multiple, const char* what) {
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous() && x.size(1) % multiple == 0,
-              what, " must be contiguous [rows, a multiple of ", multiple, "] bf16");
-}
-
-void parallel_rows(int64_t rows, int64_t width, const std::function<void(int64_t, int64_t)>& fn) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, GRAIN_ELEMENTS / std::max<int64_t>(width, 1)), fn);
-}
-
 torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  check_rows(x, 16, "x");
+  check_rows(x, torch::kBFloat16, 16, "x");
   const int64_t h = x.size(1);
   TORCH_CHECK(weight.scalar_type() == torch::kBFloat16 && weight.numel() == h && weight.is_contiguous(),
               "the norm weight must be contiguous [hidden] bf16");
@@ -66,7 +56,7 @@ AVX512 void rope_row(const bf16* x, const bf16* cs, const bf16* sn, bf16* y, int
 // qkv [rows, (heads + 2 kv_heads) * d] -> rotated q [rows, heads, d] and k [rows, kv_heads, d]
 std::vector<torch::Tensor> rope_qk(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                                    int64_t heads, int64_t kv_heads) {
-  check_rows(qkv, 1, "qkv");
+  check_rows(qkv, torch::kBFloat16, 1, "qkv");
   const int64_t m = qkv.size(0), d = cos.size(-1), n = qkv.size(1);
   TORCH_CHECK(d % 32 == 0 && n >= (heads + kv_heads) * d, "qkv must hold heads + kv_heads heads of a multiple of 32");
   TORCH_CHECK(cos.scalar_type() == torch::kBFloat16 && cos.sizes() == sin.sizes() && cos.numel() == m * d &&
@@ -94,7 +84,7 @@ AVX512 void silu_mul_row(const bf16* gu, bf16* y, int64_t n) {
 }
 
 torch::Tensor silu_mul_rows(const torch::Tensor& gu) {
-  check_rows(gu, 32, "gate/up");
+  check_rows(gu, torch::kBFloat16, 32, "gate/up");
   const int64_t m = gu.size(0), n = gu.size(1) / 2;
   auto y = torch::empty({m, n}, gu.options());
   const bf16* xs = in(gu);

@@ -15,24 +15,14 @@
 #include <cstdint>
 
 #include "f32.h"
+#include "row_split.h"
 
 namespace {
 
 using namespace prefixrag;
 
-constexpr int64_t GRAIN_ELEMENTS = 1 << 16;  // a smaller call runs on the calling thread: no wake-up
-
-void check_rows(const torch::Tensor& x, int64_t multiple, const char* what) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous() && x.size(1) % multiple == 0,
-              what, " must be contiguous [rows, a multiple of ", multiple, "] float32");
-}
-
-void parallel_rows(int64_t rows, int64_t width, const std::function<void(int64_t, int64_t)>& fn) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, GRAIN_ELEMENTS / std::max<int64_t>(width, 1)), fn);
-}
-
 torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  check_rows(x, 8, "x");
+  check_rows(x, torch::kFloat32, 8, "x");
   const int64_t h = x.size(1);
   TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.numel() == h && weight.is_contiguous(),
               "the norm weight must be contiguous [hidden] float32");
@@ -69,7 +59,7 @@ __attribute__((target("avx2"))) void rope_row(const float* x, const float* cs, c
 // qkv [rows, (heads + 2 kv_heads) * d] -> rotated q [rows, heads, d] and k [rows, kv_heads, d]
 std::vector<torch::Tensor> rope_qk_rows(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                                         int64_t heads, int64_t kv_heads) {
-  check_rows(qkv, 1, "qkv");
+  check_rows(qkv, torch::kFloat32, 1, "qkv");
   const int64_t m = qkv.size(0), d = cos.size(-1), n = qkv.size(1);
   TORCH_CHECK(d % 16 == 0 && n >= (heads + kv_heads) * d, "qkv must hold heads + kv_heads heads of a multiple of 16");
   TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && cos.sizes() == sin.sizes() && cos.numel() == m * d &&
@@ -90,7 +80,7 @@ std::vector<torch::Tensor> rope_qk_rows(const torch::Tensor& qkv, const torch::T
 
 // gu [rows, 2 n] (gate, then value) -> silu(gate) * value [rows, n]
 torch::Tensor silu_mul_rows(const torch::Tensor& gu) {
-  check_rows(gu, 16, "gate/up");
+  check_rows(gu, torch::kFloat32, 16, "gate/up");
   const int64_t m = gu.size(0), n = gu.size(1) / 2;
   auto y = torch::empty({m, n}, gu.options());
   const float* xs = gu.data_ptr<float>();

@@ -22,6 +22,10 @@ needs_avx2 = pytest.mark.skipif(not HAS_AVX2, reason="the CPU lacks AVX2/FMA: fl
 EPS = 1e-5
 # float32 RMSNorm and SiLU * value: the decode step's arithmetic, within a few units in the last place
 F32_RELATIVE = 2e-6
+DTYPES = [
+    pytest.param(torch.bfloat16, marks=needs_cpu, id="bfloat16"),
+    pytest.param(torch.float32, marks=needs_avx2, id="float32"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +54,16 @@ def _torch_rope(qkv, cos, sin, heads, kv_heads, dim):
     return qk[:, :heads], qk[:, heads:]
 
 
-@needs_cpu
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("count", [1, 7, 300])
-def test_rope_gives_torchs_bits(rows, count):
+def test_rope_gives_torchs_bits(dtype, count):
+    rows = NativeRows.of(dtype, EPS)
+    assert rows is not None
     gen = torch.Generator().manual_seed(count)
     heads, kv_heads, dim = 9, 3, 64
-    qkv = torch.randn(count, (heads + 2 * kv_heads) * dim, generator=gen).mul(4).bfloat16()
+    qkv = torch.randn(count, (heads + 2 * kv_heads) * dim, generator=gen).mul(4).to(dtype)
     angles = torch.rand(count, 1, dim, generator=gen) * 6.3
-    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
     q, k = rows.rope(qkv, cos, sin, heads, kv_heads)
     want_q, want_k = _torch_rope(qkv, cos, sin, heads, kv_heads, dim)
     assert torch.equal(q, want_q) and torch.equal(k, want_k)
@@ -90,40 +96,6 @@ def test_silu_mul_is_torchs_up_to_one_step_on_rare_elements(rows):
     assert bool(((got - want).abs() <= step)[differ].all())
 
 
-@needs_cpu
-def test_each_row_is_the_same_alone_or_among_others(rows):
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(64, 576, generator=gen).bfloat16()
-    weight = torch.rand(576, generator=gen).bfloat16()
-    together = rows.norm(x, weight)
-    assert all(torch.equal(rows.norm(x[i : i + 1], weight)[0], together[i]) for i in (0, 17, 63))
-    gate_up = torch.randn(64, 2 * 1536, generator=gen).bfloat16()
-    products = rows.silu_mul(gate_up)  # 64 rows: split across threads
-    assert all(torch.equal(rows.silu_mul(gate_up[i : i + 1])[0], products[i]) for i in (0, 31, 63))
-
-
-@needs_cpu
-def test_the_bfloat16_runner_uses_them():
-    bf16 = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype="bfloat16").model)
-    assert bf16.rows is not None and bf16.row_kernels.startswith("native ")
-    plain = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype="bfloat16").model, native_rows=False)
-    assert plain.rows is None and plain.row_kernels == "torch"
-    # their KV can differ in rare bits: the tiers' addresses keep them apart
-    assert kernel_signature(bf16) != kernel_signature(plain)
-
-
-@needs_avx2
-@pytest.mark.parametrize("count", [1, 7, 300])
-def test_float32_rope_gives_torchs_bits(rows_f32, count):
-    gen = torch.Generator().manual_seed(count)
-    heads, kv_heads, dim = 9, 3, 64
-    qkv = torch.randn(count, (heads + 2 * kv_heads) * dim, generator=gen) * 4
-    angles = torch.rand(count, 1, dim, generator=gen) * 6.3
-    q, k = rows_f32.rope(qkv, angles.cos(), angles.sin(), heads, kv_heads)
-    want_q, want_k = _torch_rope(qkv, angles.cos(), angles.sin(), heads, kv_heads, dim)
-    assert torch.equal(q, want_q) and torch.equal(k, want_k)
-
-
 def _relative(got: torch.Tensor, want: torch.Tensor, floor: float) -> float:
     return float(((got - want).abs() / want.abs().clamp_min(floor)).max())
 
@@ -141,25 +113,29 @@ def test_float32_norm_and_silu_mul_are_torchs_to_a_few_ulps(rows_f32):
     assert _relative(rows_f32.silu_mul(gate_up), want, 1e-3) < F32_RELATIVE
 
 
-@needs_avx2
-def test_float32_rows_are_the_same_alone_or_among_others(rows_f32):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_each_row_is_the_same_alone_or_among_others(dtype):
+    rows = NativeRows.of(dtype, EPS)
+    assert rows is not None
     gen = torch.Generator().manual_seed(4)
-    x = torch.randn(200, 576, generator=gen)
-    weight = torch.rand(576, generator=gen)
-    together = rows_f32.norm(x, weight)  # 200 rows: split across threads
-    assert all(torch.equal(rows_f32.norm(x[i : i + 1], weight)[0], together[i]) for i in (0, 117, 199))
-    gate_up = torch.randn(64, 2 * 1536, generator=gen)
-    products = rows_f32.silu_mul(gate_up)
-    assert all(torch.equal(rows_f32.silu_mul(gate_up[i : i + 1])[0], products[i]) for i in (0, 31, 63))
+    x = torch.randn(200, 576, generator=gen).to(dtype)
+    weight = torch.rand(576, generator=gen).to(dtype)
+    together = rows.norm(x, weight)  # 200 rows: split across threads
+    assert all(torch.equal(rows.norm(x[i : i + 1], weight)[0], together[i]) for i in (0, 117, 199))
+    gate_up = torch.randn(64, 2 * 1536, generator=gen).to(dtype)
+    products = rows.silu_mul(gate_up)
+    assert all(torch.equal(rows.silu_mul(gate_up[i : i + 1])[0], products[i]) for i in (0, 31, 63))
 
 
-@needs_avx2
-def test_the_float32_runner_uses_them():
-    f32 = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype="float32").model)
-    assert f32.rows is not None and f32.row_kernels.startswith("native ")
-    plain = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype="float32").model, native_rows=False)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_runner_uses_them(dtype):
+    name = str(dtype).removeprefix("torch.")
+    native = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype=name).model)
+    assert native.rows is not None and native.row_kernels.startswith("native ")
+    plain = FusedLlamaRunner(load_model("smollm2-135m-instruct", dtype=name).model, native_rows=False)
     assert plain.rows is None and plain.row_kernels == "torch"
-    assert kernel_signature(f32) != kernel_signature(plain)
+    # their KV can differ in the last bits: the tiers' addresses keep them apart
+    assert kernel_signature(native) != kernel_signature(plain)
 
 
 def test_a_cpu_or_dtype_without_them_gets_none():

@@ -132,7 +132,8 @@ class FusedLlamaRunner:
         self.native: NativeDecode | None = None
         self.native_reason: str | None = None
         # a prefill's norms, RoPE and SiLU * value in one native pass each (engine.native.rows)
-        self.rows = NativeRows.of(self.dtype, self.eps) if native_rows else None
+        widths = (int(cfg.hidden_size), self.head_dim, int(cfg.intermediate_size))
+        self.rows = NativeRows.of(self.dtype, self.eps, widths) if native_rows else None
         # a prefill's attention, each row over its own keys (engine.native.attention) wherever it can
         # run, unless native_attention=False; None: SDPA in tiles
         self.attention = NativeAttention.of(self.dtype, self.head_dim) if native_attention else None

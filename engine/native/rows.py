@@ -50,9 +50,12 @@ class NativeRows:
         self.eps = eps
 
     @classmethod
-    def of(cls, dtype: torch.dtype, eps: float) -> NativeRows | None:
-        """The operations for ``dtype`` on this machine, or None where they cannot run."""
-        if unavailable_reason_for(dtype) is not None:
+    def of(
+        cls, dtype: torch.dtype, eps: float, widths: tuple[int, int, int] | None = None
+    ) -> NativeRows | None:
+        """The operations for ``dtype`` on this machine, or None where they cannot run; ``widths``
+        (hidden, head dim, intermediate) also rules out a model whose rows the passes cannot split."""
+        if unavailable_reason_for(dtype, widths) is not None:
             return None
         try:
             return cls(native_module(), eps, dtype)
@@ -86,10 +89,18 @@ class NativeRows:
         return out
 
 
-def unavailable_reason_for(dtype: torch.dtype) -> str | None:
-    """Why no native row passes run for ``dtype`` here (None: they do)."""
+# the multiple each width must be of, for the passes' vectors: (hidden, head dim, intermediate)
+WIDTH_MULTIPLES = {torch.bfloat16: (16, 32, 16), torch.float32: (8, 16, 8)}
+
+
+def unavailable_reason_for(dtype: torch.dtype, widths: tuple[int, int, int] | None = None) -> str | None:
+    """Why no native row passes run for ``dtype`` (and a model of these ``widths``) here (None: they do)."""
+    if dtype not in WIDTH_MULTIPLES:
+        return f"no native row passes compute {str(dtype).removeprefix('torch.')}"
+    names = ("hidden size", "head dim", "intermediate size")
+    for name, width, multiple in zip(names, widths or (), WIDTH_MULTIPLES[dtype]):
+        if width % multiple:
+            return f"the {name} {width} is not a multiple of {multiple}"
     if dtype == torch.bfloat16:
         return avx512_bf16_reason()
-    if dtype == torch.float32:
-        return unavailable_reason(torch.float32, True, True)  # the float32 step's AVX2 and FMA
-    return f"no native row passes compute {str(dtype).removeprefix('torch.')}"
+    return unavailable_reason(torch.float32, True, True)  # the float32 step's AVX2 and FMA

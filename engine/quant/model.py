@@ -61,7 +61,8 @@ class Int8Model:
 
 
 # One int8 copy per model object in a process, shared by the runners over it: packing it for the
-# backend takes seconds, and a runner only reads it (it makes its own layers and tiles from it).
+# backend is the slow part of making a runner, and a runner only reads it (it makes its own layers and
+# tiles from it).
 _copies: weakref.WeakKeyDictionary[Any, tuple[str | None, Int8Model]] = weakref.WeakKeyDictionary()
 _copies_lock = threading.Lock()
 

@@ -13,7 +13,7 @@ from engine.fused import FusedLlamaRunner
 from engine.isa import cpu_flags
 from engine.models import load_model
 from engine.native.decode import AVX2_FLAGS, NEEDED_FLAGS
-from engine.native.rows import NativeRows
+from engine.native.rows import NativeRows, unavailable_reason_for
 
 HAS_CPU = all(flag in cpu_flags() for flag in NEEDED_FLAGS)
 needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the CPU lacks AVX512-BF16: the torch operations run")
@@ -138,8 +138,14 @@ def test_the_runner_uses_them(dtype):
     assert kernel_signature(native) != kernel_signature(plain)
 
 
-def test_a_cpu_or_dtype_without_them_gets_none():
+def test_a_cpu_dtype_or_model_shape_without_them_gets_none():
     assert NativeRows.of(torch.float16, EPS) is None
+    # a head dim the vectors cannot split: the torch operations run, not a failing kernel
+    assert NativeRows.of(torch.float32, EPS, (576, 72, 1536)) is None
+    assert NativeRows.of(torch.bfloat16, EPS, (576, 48, 1536)) is None
+    assert (
+        unavailable_reason_for(torch.float32, (580, 64, 1536)) == "the hidden size 580 is not a multiple of 8"
+    )
     if not HAS_CPU:
         assert NativeRows.of(torch.bfloat16, EPS) is None
     if not HAS_AVX2:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from engine.openmp_pool import release_thread_pool
+from rag.retrieval.sentence_model import SentenceModel
 
 DEFAULT_EMBEDDER = "all-minilm-l6-v2"
 _QUERIES_KEPT = 64
@@ -100,13 +101,17 @@ class Embedder:
         self._queries_lock = threading.Lock()
 
     def warm_up(self) -> None:
-        """Load the model (idempotent)."""
+        """Load the model (idempotent): on transformers alone where the directory is a plain encoder
+        with pooling (``SentenceModel``), else through sentence-transformers."""
         if self._model is not None:
             return
-        from sentence_transformers import SentenceTransformer
-
         with _hub_offline():
-            self._model = SentenceTransformer(str(self.path), device=self.device, local_files_only=True)
+            model: Any = SentenceModel.load(self.path) if self.device == "cpu" else None
+            if model is None:
+                from sentence_transformers import SentenceTransformer
+
+                model = SentenceTransformer(str(self.path), device=self.device, local_files_only=True)
+            self._model = model
 
     @property
     def dim(self) -> int:

@@ -60,3 +60,28 @@ def test_default_beats_dense_baseline(subset):
     )
     assert default.recall[1] > dense.recall[1]
     assert default.recall[4] >= dense.recall[4] - 0.05
+
+
+def test_prefetched_query_vectors_are_the_embedders_own_and_each_question_is_embedded_once(embedder):
+    from rag.evaluation.evaluate import QueryVectorMemo
+
+    class Counting:
+        def __init__(self) -> None:
+            self.texts: list[str] = []
+
+        def embed(self, texts):
+            self.texts += texts
+            return embedder.embed(texts)
+
+        def embed_query(self, text):
+            self.texts.append(text)
+            return embedder.embed_query(text)
+
+    questions = ["what does pass do?", "how is a with statement run?", "what does pass do?"]
+    counting = Counting()
+    memo = QueryVectorMemo(counting)
+    memo.prefetch(questions)
+    vectors = [memo.embed_query(q) for q in questions]
+    assert counting.texts == questions[:2]  # one batch, each text once, nothing embedded again
+    for question, vector in zip(questions, vectors, strict=True):
+        assert abs(vector - embedder.embed_query(question)).max() < 1e-6  # batched = alone, to rounding

@@ -52,7 +52,7 @@ def require_chromium(path: Path, in_ci: bool) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="session", autouse=True)  # session: set up before the engine it would load for nothing
 def chromium() -> Path:
     """The browser, checked before anything else is built."""
     return require_chromium(CHROMIUM, IN_CI)

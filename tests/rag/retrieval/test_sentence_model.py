@@ -1,7 +1,5 @@
 import json
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -77,15 +75,3 @@ def test_a_directory_with_other_modules_is_left_to_sentence_transformers(tmp_pat
     weighted = _variant(tmp_path / "c", embedder.path, pooling=sqrt_len)
     expected = _reference(weighted).encode(["a cat sat"], normalize_embeddings=True, convert_to_numpy=True)
     np.testing.assert_allclose(Embedder(str(weighted)).embed(["a cat sat"]), expected, atol=1e-6)
-
-
-def test_a_process_embedding_with_the_default_never_imports_sentence_transformers():
-    code = (
-        "import sys; from rag.retrieval.embedder import Embedder; "
-        "v = Embedder().embed_query('a cat sat'); "
-        "print(v.shape[0], 'sentence_transformers' in sys.modules)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
-    )
-    assert out.stdout.split() == ["384", "False"]

@@ -21,6 +21,8 @@ Example:
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +32,11 @@ from engine.quant.linear import FBGEMM_LEVELS, ONEDNN_LEVELS, Int8Weight, int8_b
 
 TILE_COLUMNS = 16
 UNSIGNED_SHIFT = 128  # an activation digit a in [-127, 127] enters the unsigned-byte product as a + 128
+
+# One tiled form per int8 matrix object, by identity: the runners over one model share its int8 copy
+# (engine.quant.model) and only read the tiles, so each would otherwise pack the same digits again.
+_tiled: dict[int, Int8Tiled] = {}
+_tiled_lock = threading.Lock()
 
 
 def pack_int8_digits(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,7 +79,15 @@ class Int8Tiled:
 
     @classmethod
     def of(cls, weight: Int8Weight) -> Int8Tiled:
-        return cls(int8_tiles(weight), weight.out_features, weight.in_features, weight.residual)
+        """``weight`` in tiles, packed once per matrix object while it lives."""
+        with _tiled_lock:
+            held = _tiled.get(id(weight))
+            if held is None:
+                held = _tiled[id(weight)] = cls(
+                    int8_tiles(weight), weight.out_features, weight.in_features, weight.residual
+                )
+                weakref.finalize(weight, _tiled.pop, id(weight), None)
+            return held
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()

@@ -100,6 +100,10 @@ def test_runners_over_one_model_share_its_packed_int8_copy(loaded_model, runner8
     # a second runner reads the same copy, and builds its own layers from it: the first's are untouched
     second = FusedLlamaRunner(loaded_model.model, weights="int8", tokenizer=loaded_model.tokenizer)
     assert second.layers is not runner8.layers and second.layers[0] is not runner8.layers[0]
+    # where the native kernels run, the matrices' tiles are packed once too, and only read
+    assert second.tiled_int8 == runner8.tiled_int8
+    if runner8.tiled_int8:
+        assert second.layers[0].wqkv is runner8.layers[0].wqkv and second.lm_head is runner8.lm_head
     ids = _prompt(7, 40)
     first_logits = runner8.prefill(ids, runner8.new_buffer(64))
     assert torch.equal(second.prefill(ids, second.new_buffer(64)), first_logits)

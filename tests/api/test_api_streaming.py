@@ -51,7 +51,7 @@ def test_disconnect_mid_stream_cancels_and_releases_the_lock(server, engine):
         ended = {
             k: running[k] for k in ("running", "waiting", "prefilling", "finished", "cancelled", "failed")
         }
-        assert running["running"] == 1, ended  # how it ended if not: finished, failed or cancelled
+        assert running["running"] == 1, f"{ended}"  # how it ended if not: finished, failed or cancelled
         assert engine.cache.stats().protected_bytes > 0 or engine.stats()["cached_tokens"] == 0
     # the client closed the connection after 3 tokens of 400
     assert wait_until(lambda: _idle(engine), timeout=15), engine.stats()

@@ -324,6 +324,7 @@ class QueryVectorMemo:
         if not missing or embed is None:
             return
         for text, vector in zip(missing, embed(missing), strict=True):
+            vector.flags.writeable = False  # read-only, as the embedder's own query vectors
             self._vectors[text] = vector
 
     def embed_query(self, text: str) -> np.ndarray:

@@ -85,3 +85,4 @@ def test_prefetched_query_vectors_are_the_embedders_own_and_each_question_is_emb
     assert counting.texts == questions[:2]  # one batch, each text once, nothing embedded again
     for question, vector in zip(questions, vectors, strict=True):
         assert abs(vector - embedder.embed_query(question)).max() < 1e-6  # batched = alone, to rounding
+        assert not vector.flags.writeable

@@ -46,7 +46,9 @@ def test_disconnect_mid_stream_cancels_and_releases_the_lock(server, engine):
     body = {"messages": LONG, "max_tokens": 400, "temperature": 0, "stream": True}
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as reply:
         assert reply.status_code == 200
-        assert len(_content_frames(reply.iter_lines(), 3)) == 3
+        # Hold the line iterator: a dropped one is closed at once, and httpx then closes the connection.
+        lines = reply.iter_lines()
+        assert len(_content_frames(lines, 3)) == 3
         running = engine.stats()
         ended = {
             k: running[k] for k in ("running", "waiting", "prefilling", "finished", "cancelled", "failed")

@@ -3,8 +3,10 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from sentence_transformers import SentenceTransformer
 
+from engine.native.linear import preferred
 from rag.retrieval.embedder import Embedder
 from rag.retrieval.sentence_model import SentenceModel
 
@@ -39,6 +41,8 @@ def _variant(tmp_path, source, pooling=None, modules=None):
 def test_the_bundled_embedder_runs_on_transformers_alone_with_sentence_transformers_own_vectors(embedder):
     model = SentenceModel.load(embedder.path)
     assert model is not None and model.max_seq_length == 256 and model.get_embedding_dimension() == 384
+    # its Linears multiply in the native float32 tiles wherever those are the runners' choice too
+    assert model.linear_kernel == ("native" if preferred(torch.float32) else "torch")
     ours = model.encode(TEXTS, batch_size=2, normalize_embeddings=True)
     theirs = _reference(embedder.path).encode(
         TEXTS, batch_size=2, normalize_embeddings=True, convert_to_numpy=True

@@ -83,7 +83,7 @@ def _int8_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "int8 kernels on the model's projection shapes (rows x in x out; two activation digits per row, "
         "so twice the rows), each checked against float64 sums on seeded and worst-case operands; median ms "
-        f"(of one call where the warm-up took over {SLOW_CALL_MS:g} ms).",
+        f"(the warm-up call itself where it took over {SLOW_CALL_MS:g} ms).",
         "",
         "| backend | exact integer sums | " + " | ".join(shapes) + " |",
         "|---|---|" + "---|" * len(shapes),

@@ -6,10 +6,10 @@ directory's ``max_seq_length``, lower-cased where it says so), run the encoder, 
 attention mask. ``SentenceModel`` does exactly that, so loading the embedder does not import the
 sentence-transformers package, which pulls scipy and scikit-learn with it: seconds of every process
 start. Where the native float32 kernels run (``engine.native.linear``), the encoder's Linears multiply
-in their column tiles on calls of up to ``TILED_ROWS`` rows: about twice as fast as torch's GEMM on a
-query's few rows, where large ingestion batches stay with torch's (a few percent faster there). A directory with any
-other module (Dense, a weighted pooling, a custom class) gets
-``None`` from ``SentenceModel.load`` and the caller uses sentence-transformers itself.
+in their column tiles on calls of up to ``TILED_ROWS`` rows (a query's few rows, where torch's GEMM is
+slower); larger ingestion batches stay with torch's GEMM, which is faster there. A directory with any
+other module (Dense, a weighted pooling, a custom class) gets ``None`` from ``SentenceModel.load`` and
+the caller uses sentence-transformers itself.
 
 Example:
     >>> model = SentenceModel.load(Path("/models/all-MiniLM-L6-v2"))   # doctest: +SKIP
